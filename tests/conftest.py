@@ -2,5 +2,4 @@
 
 import os
 
-os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
