@@ -1,0 +1,114 @@
+"""DQN configuration: defaults from the papers, presets for small tasks.
+
+Defaults follow Nature DQN (Mnih et al., 2015, "Human-level control through deep reinforcement
+learning") with double Q-learning (van Hasselt et al., 2016) and the Adam/Huber settings of
+modern re-implementations (CleanRL's dqn_atari: Adam 1e-4, Huber, 0.01 final epsilon over 10%
+of training). `PRESETS` hold tuned values for classic-control tasks from rl-baselines3-zoo
+(hyperparams/dqn.yml), so runs compare with SB3/sbx at the same hyperparameters.
+"""
+
+import dataclasses
+from typing import Any, Mapping
+
+from qrl.errors import QrlInputError
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """DQN hyperparameters. Periods count environment steps unless the name says updates."""
+
+    hidden_sizes: tuple[int, ...] = (256, 256)  # MLP torso; image observations use Nature CNN.
+    learning_rate: float = 1e-4  # CleanRL dqn_atari (Adam).
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 10.0  # SB3 / CleanRL.
+    huber_delta: float = 1.0  # Mnih et al. 2015 clip the TD error to [-1, 1].
+    batch_size: int = 32  # Mnih et al. 2015.
+    buffer_size: int = 1_000_000  # Mnih et al. 2015.
+    learning_starts: int = 80_000  # CleanRL dqn_atari.
+    train_freq: int = 4  # Mnih et al. 2015: one update every 4 agent steps.
+    gradient_steps: int = 1  # updates per training phase, fused into one jitted call.
+    target_update_period: int = 2_500  # updates; 10k agent steps at train_freq 4 (Mnih et al.).
+    tau: float = 1.0  # 1.0 = hard target copy every period; < 1 = Polyak averaging.
+    gamma: float = 0.99
+    n_step: int = 1
+    double_q: bool = True  # van Hasselt et al. 2016.
+    exploration_initial_eps: float = 1.0
+    exploration_final_eps: float = 0.01  # CleanRL dqn_atari.
+    exploration_fraction: float = 0.10  # of the training steps; CleanRL dqn_atari.
+    eval_epsilon: float = 0.0  # greedy evaluation.
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
+        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
+        return override(cls(), values)
+
+
+# rl-baselines3-zoo hyperparams/dqn.yml (tuned); target_update_interval=10 env steps there
+# syncs the target once per training phase, i.e. every `gradient_steps` updates here; other
+# target intervals are converted from environment steps to updates; SB3's gradient_steps=-1
+# (one update per environment step) is written out.
+PRESETS: dict[str, dict[str, Any]] = {
+    "gym:CartPole-v1": dict(
+        learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1_000,
+        train_freq=256, gradient_steps=128, target_update_period=128,
+        exploration_fraction=0.16, exploration_final_eps=0.04, hidden_sizes=(256, 256),
+    ),
+    "gym:MountainCar-v0": dict(
+        learning_rate=4e-3, batch_size=128, buffer_size=10_000, learning_starts=1_000, gamma=0.98,
+        train_freq=16, gradient_steps=8, target_update_period=300,
+        exploration_fraction=0.2, exploration_final_eps=0.07, hidden_sizes=(256, 256),
+    ),
+    "gym:Acrobot-v1": dict(
+        learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0,
+        train_freq=4, gradient_steps=4, target_update_period=250,
+        exploration_fraction=0.12, exploration_final_eps=0.1, hidden_sizes=(256, 256),
+    ),
+}
+
+
+def override(config: Config, values: Mapping[str, Any]) -> Config:
+    """Returns `config` with `values` applied; names and types are checked."""
+    fields = {field.name: field for field in dataclasses.fields(Config)}
+    changes = {}
+    for name, value in values.items():
+        if name not in fields:
+            raise QrlInputError(f"unknown DQN config key {name!r}; known: {', '.join(sorted(fields))}")
+        default = getattr(Config(), name)
+        try:
+            if isinstance(default, tuple):
+                value = tuple(int(v) for v in (value.split("-") if isinstance(value, str) else value))
+            elif isinstance(default, bool):
+                value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+            else:
+                value = type(default)(value)
+        except (TypeError, ValueError):
+            raise QrlInputError(f"DQN config {name}={value!r} is not a valid {type(default).__name__}") from None
+        changes[name] = value
+    config = config.replace(**changes)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Rejects values that cannot train."""
+    positive = ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
+                "target_update_period", "n_step")
+    for name in positive:
+        if getattr(config, name) <= 0:
+            raise QrlInputError(f"DQN config {name} must be > 0, got {getattr(config, name)}")
+    if not 0.0 < config.tau <= 1.0:
+        raise QrlInputError(f"DQN config tau must be in (0, 1], got {config.tau}")
+    if not 0.0 <= config.gamma <= 1.0:
+        raise QrlInputError(f"DQN config gamma must be in [0, 1], got {config.gamma}")
+
+
+def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
+    """Paper defaults, then the preset for `env_id` if there is one, then `values`."""
+    config = override(Config(), PRESETS.get(env_id, {}))
+    return override(config, values or {})

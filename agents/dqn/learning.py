@@ -1,0 +1,108 @@
+"""DQN learning: the train state, its initialization and K fused updates per jitted call."""
+
+from typing import Callable, Sequence
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from agents.dqn.config import Config
+from agents.dqn.networks import QNetwork
+from qrl import losses
+from qrl.networks import torso_for_observation
+from qrl.quant import FP32, Precision
+from qrl.replay import Transition
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything DQN learning threads from one update to the next."""
+
+    params: dict
+    target_params: dict
+    opt_state: optax.OptState
+    updates: jax.Array  # int32 count of gradient updates taken.
+
+
+def make_network(config: Config, observation_shape: Sequence[int], num_actions: int, precision: Precision = FP32) -> QNetwork:
+    """The Q-network for these observations at `precision` (CNN for `[H, W, C]` frames)."""
+    return QNetwork(
+        num_actions=num_actions,
+        torso=torso_for_observation(observation_shape),
+        hidden_sizes=tuple(config.hidden_sizes),
+        precision=precision,
+    )
+
+
+def make_optimizer(config: Config) -> optax.GradientTransformation:
+    """Adam with global-norm gradient clipping."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adam(config.learning_rate, eps=config.adam_eps),
+    )
+
+
+def init(key: jax.Array, config: Config, observation_shape: Sequence[int], observation_dtype, num_actions: int) -> TrainState:
+    """A fresh train state; the target network starts as a copy of the online network."""
+    network = make_network(config, observation_shape, num_actions)
+    dummy = jnp.zeros((1, *observation_shape), observation_dtype)
+    params = network.init(key, dummy)["params"]
+    return TrainState(
+        params=params,
+        target_params=jax.tree.map(jnp.copy, params),
+        opt_state=make_optimizer(config).init(params),
+        updates=jnp.zeros((), jnp.int32),
+    )
+
+
+def make_loss(network: nn.Module, config: Config) -> Callable[[dict, dict, Transition], tuple[jax.Array, dict]]:
+    """`loss(params, target_params, batch [B, ...]) -> (mean Huber TD loss, metrics)`."""
+
+    def loss(params, target_params, batch: Transition):
+        q_tm1 = network.apply({"params": params}, batch.observation)
+        q_t_target = network.apply({"params": target_params}, batch.next_observation)
+        actions = batch.action.astype(jnp.int32)
+        if config.double_q:
+            q_t_online = network.apply({"params": params}, batch.next_observation)
+            td_errors = losses.batched_double_q_learning_td(
+                q_tm1, actions, batch.reward, batch.discount, q_t_target, q_t_online
+            )
+        else:
+            td_errors = losses.batched_q_learning_td(q_tm1, actions, batch.reward, batch.discount, q_t_target)
+        value = jnp.mean(losses.huber(td_errors, config.huber_delta))
+        return value, {"loss": value, "q_mean": jnp.mean(q_tm1)}
+
+    return loss
+
+
+def make_update(network: nn.Module, config: Config) -> Callable[[TrainState, Transition], tuple[TrainState, dict]]:
+    """`update(state, batches [K, B, ...]) -> (state, metrics averaged over the K updates)`.
+
+    The K gradient steps run under one `lax.scan` inside one jitted call (the state buffer is
+    donated); the target network is copied (tau=1) or Polyak-averaged every
+    `target_update_period` updates.
+    """
+    optimizer = make_optimizer(config)
+    grad_fn = jax.grad(make_loss(network, config), has_aux=True)
+
+    def one_update(state: TrainState, batch: Transition):
+        grads, metrics = grad_fn(state.params, state.target_params, batch)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        count = state.updates + 1
+        target_params = optax.periodic_update(
+            optax.incremental_update(params, state.target_params, config.tau),
+            state.target_params,
+            count,
+            config.target_update_period,
+        )
+        return TrainState(params, target_params, opt_state, count), metrics
+
+    def update(state: TrainState, batches: Transition):
+        state, metrics = jax.lax.scan(one_update, state, batches)
+        return state, jax.tree.map(jnp.mean, metrics)
+
+    return jax.jit(update, donate_argnums=0)
+

@@ -1,0 +1,158 @@
+"""Policy evaluation on host environments: returns over seeded episodes, and visited observations.
+
+A policy here is a batched callable `policy(obs [B, ...]) -> actions [B, ...]` (a jitted JAX
+function or numpy). Evaluation runs all episodes side by side through one policy call per
+step, always with the full batch so a jitted policy compiles once.
+"""
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+import numpy as np
+
+from qrl.envs import HOST_FAMILIES, is_discrete, make
+from qrl.envs.ids import check_seed, split_env_id
+from qrl.errors import QrlInputError
+
+Policy = Callable[[np.ndarray], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Undiscounted returns of `len(returns)` episodes; episode i ran in env seeded `seed + i`.
+
+    `std` is the population standard deviation (ddof 0) of `returns`.
+    """
+
+    env_id: str
+    seed: int
+    mean: float
+    std: float
+    returns: tuple[float, ...]
+    lengths: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values (lists, floats, ints)."""
+        return {
+            "env_id": self.env_id,
+            "seed": self.seed,
+            "episodes": len(self.returns),
+            "mean": self.mean,
+            "std": self.std,
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+        }
+
+
+def _check_host_id(env_id: str, purpose: str) -> None:
+    family, _ = split_env_id(env_id)
+    if family not in HOST_FAMILIES:
+        raise QrlInputError(
+            f"{purpose} takes host ids ({', '.join(HOST_FAMILIES)}); {env_id} runs on device: "
+            "evaluate brax policies with the on-device path (qrl.envs.make_brax under jit)"
+        )
+
+
+def _check_count(name: str, value, allow_none: bool = False) -> Optional[int]:
+    if allow_none and value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise QrlInputError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _actions_for_envs(actions, batch_size: int, discrete: bool):
+    """Policy output as one action per env: Python ints for discrete specs, rows otherwise."""
+    actions = np.asarray(actions)
+    if discrete:
+        if actions.size != batch_size:
+            raise ValueError(f"policy returned actions of shape {actions.shape} for a batch of {batch_size}")
+        return actions.reshape(batch_size).tolist()
+    if actions.shape[:1] != (batch_size,):
+        raise ValueError(f"policy returned actions of shape {actions.shape} for a batch of {batch_size}")
+    return actions
+
+
+def evaluate(
+    policy: Policy,
+    env_id: str,
+    episodes: int,
+    seed: int = 0,
+    max_steps: Optional[int] = None,
+    env_options: Optional[Mapping[str, Any]] = None,
+) -> EvalResult:
+    """Runs `episodes` episodes of `policy` on `env_id`, episode i in an env seeded `seed + i`.
+
+    All episodes run in parallel: each step calls `policy` once on `[episodes, ...]`
+    observations (finished rows keep their last observation and their actions are ignored).
+    Episode i's return therefore does not depend on how many episodes are requested (up to
+    float rounding a batched policy may show at another batch size). `max_steps` cuts
+    episodes longer than that many steps.
+    """
+    _check_host_id(env_id, "evaluate")
+    episodes = _check_count("episodes", episodes)
+    max_steps = _check_count("max_steps", max_steps, allow_none=True)
+    seed = check_seed(seed)
+    options = dict(env_options or {})
+    envs = [make(env_id, seed + index, **options) for index in range(episodes)]
+    try:
+        discrete = is_discrete(envs[0].action_spec())
+        observations = np.stack([env.reset().observation for env in envs])
+        returns = np.zeros(episodes, np.float64)
+        lengths = np.zeros(episodes, np.int64)
+        active = list(range(episodes))
+        while active:
+            actions = _actions_for_envs(policy(observations), episodes, discrete)
+            observations = observations.copy()
+            still_active = []
+            for index in active:
+                timestep = envs[index].step(actions[index])
+                returns[index] += timestep.reward
+                lengths[index] += 1
+                observations[index] = timestep.observation
+                if not timestep.last() and (max_steps is None or lengths[index] < max_steps):
+                    still_active.append(index)
+            active = still_active
+    finally:
+        for env in envs:
+            env.close()
+    return EvalResult(
+        env_id=env_id,
+        seed=seed,
+        mean=float(np.mean(returns)),
+        std=float(np.std(returns)),
+        returns=tuple(float(value) for value in returns),
+        lengths=tuple(int(value) for value in lengths),
+    )
+
+
+def collect_observations(
+    policy: Policy,
+    env_id: str,
+    num_steps: int,
+    seed: int = 0,
+    env_options: Optional[Mapping[str, Any]] = None,
+) -> np.ndarray:
+    """The `[num_steps, ...]` observations `policy` acts on in one env seeded `seed`.
+
+    Episodes follow one another (a reset after each end); every returned observation is one
+    the policy was called on (batch of 1), as quantization calibration and action-divergence
+    measurements need.
+    """
+    _check_host_id(env_id, "collect_observations")
+    num_steps = _check_count("num_steps", num_steps)
+    seed = check_seed(seed)
+    env = make(env_id, seed, **dict(env_options or {}))
+    try:
+        discrete = is_discrete(env.action_spec())
+        spec = env.observation_spec()
+        observations = np.empty((num_steps,) + tuple(spec.shape), spec.dtype)
+        observation = env.reset().observation
+        for step in range(num_steps):
+            observations[step] = observation
+            action = _actions_for_envs(policy(observation[None]), 1, discrete)[0]
+            timestep = env.step(action)
+            observation = env.reset().observation if timestep.last() else timestep.observation
+    finally:
+        env.close()
+    return observations

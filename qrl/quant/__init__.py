@@ -1,0 +1,26 @@
+"""Quantization: precisions, post-training quantization, int8 kernels, serialization."""
+
+from qrl.quant.divergence import categorical_kl, gaussian_kl, greedy_agreement, mean_action_distance
+from qrl.quant.precision import FP32, MAX_BITS, MIN_BITS, Precision, parse_precision, parse_precisions
+from qrl.quant.ptq import calibrate, fake_quantized_float_params, quantize_params
+from qrl.quant.serialization import packed_param_bytes, param_bytes, params_from_bytes, params_to_bytes
+
+__all__ = [
+    "FP32",
+    "MAX_BITS",
+    "MIN_BITS",
+    "Precision",
+    "calibrate",
+    "categorical_kl",
+    "fake_quantized_float_params",
+    "gaussian_kl",
+    "greedy_agreement",
+    "mean_action_distance",
+    "packed_param_bytes",
+    "param_bytes",
+    "params_from_bytes",
+    "params_to_bytes",
+    "parse_precision",
+    "parse_precisions",
+    "quantize_params",
+]

@@ -1,0 +1,155 @@
+"""The post-training quantization sweep: one fp32 policy evaluated at many precisions.
+
+For each precision: quantize the fp32 params (calibrating static activation scales on states
+the fp32 policy visits), evaluate the quantized policy over fixed-seed episodes, and measure
+what QuaRL reported — mean/std return, relative error `E = (R_fp32 - R_q) / |R_fp32|`, the
+divergence of its actions from fp32's on the same states — plus parameter bytes and jitted
+inference latency.
+"""
+
+import dataclasses
+import time
+from typing import Any, Callable, Optional, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from qrl import evaluation
+from qrl.quant import divergence as divergence_lib
+from qrl.quant.precision import FP32, Precision
+from qrl.quant.ptq import calibrate, quantize_params
+from qrl.quant.serialization import packed_param_bytes, param_bytes, params_from_bytes, params_to_bytes
+
+DIVERGENCE_KINDS = ("categorical", "deterministic")
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySpec:
+    """What the sweep needs to know about an agent's policy.
+
+    Attributes:
+      build_network: precision -> flax module mapping observations `[B, ...]` to policy
+        outputs (Q-values or logits `[B, A]` for discrete actions, actions `[B, D]` for
+        deterministic continuous policies).
+      outputs_to_actions: policy outputs `[B, ...]` -> environment actions `[B, ...]`.
+      divergence: `categorical` (KL of softmax outputs and greedy agreement) or
+        `deterministic` (mean distance between actions).
+    """
+
+    build_network: Callable[[Precision], nn.Module]
+    outputs_to_actions: Callable[[jax.Array], jax.Array]
+    divergence: str = "categorical"
+
+
+def precision_bits(precision: Precision) -> int:
+    """Bits per weight for plots: 32/16 for floats, N for integer precisions."""
+    if precision.is_float:
+        return int(np.dtype(precision.dtype).itemsize * 8)
+    return precision.bits
+
+
+def measure_latency_us(fn: Callable[[np.ndarray], Any], inputs: np.ndarray, repeats: int = 200) -> float:
+    """Median wall time of `fn(inputs)` in microseconds, after a warm-up call."""
+    jax.block_until_ready(fn(inputs))
+    times = np.empty(repeats)
+    for index in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(inputs))
+        times[index] = time.perf_counter() - start
+    return float(np.median(times) * 1e6)
+
+
+def _divergence_metrics(kind: str, reference: jax.Array, other: jax.Array, actions_ref, actions_other) -> dict:
+    if kind == "categorical":
+        return {
+            "kl_divergence": float(divergence_lib.categorical_kl(reference, other)),
+            "action_agreement": float(divergence_lib.greedy_agreement(reference, other)),
+        }
+    return {"mean_action_distance": float(divergence_lib.mean_action_distance(actions_ref, actions_other))}
+
+
+def run_sweep(
+    spec: PolicySpec,
+    params: dict,
+    env_id: str,
+    precisions: Sequence[Precision],
+    episodes: int,
+    seed: int = 0,
+    calibration_steps: int = 2048,
+    divergence_steps: int = 2048,
+    latency_batch_sizes: Sequence[int] = (1, 256),
+    env_options: Optional[dict] = None,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Evaluates `params` (fp32) at every precision; returns a JSON-ready results dict.
+
+    Episode i of every precision runs in an environment seeded `seed + i`, so all precisions
+    face the same episodes. Calibration states come from fp32 rollouts seeded `seed + 10_000`,
+    divergence states from rollouts seeded `seed + 20_000`.
+    """
+    if spec.divergence not in DIVERGENCE_KINDS:
+        raise ValueError(f"unknown divergence kind {spec.divergence!r}")
+    fp32_network = spec.build_network(FP32)
+    fp32_apply = jax.jit(lambda obs: fp32_network.apply({"params": params}, obs))
+    fp32_policy = lambda obs: np.asarray(spec.outputs_to_actions(fp32_apply(obs)))
+    calibration_states = evaluation.collect_observations(
+        fp32_policy, env_id, calibration_steps, seed=seed + 10_000, env_options=env_options
+    )
+    divergence_states = evaluation.collect_observations(
+        fp32_policy, env_id, divergence_steps, seed=seed + 20_000, env_options=env_options
+    )
+    input_ranges = calibrate(fp32_network.apply, params, calibration_states)
+    reference_outputs = fp32_apply(divergence_states)
+    reference_actions = spec.outputs_to_actions(reference_outputs)
+
+    rows = []
+    for precision in [FP32] + [p for p in precisions if p != FP32]:
+        quantized = quantize_params(params, precision, input_ranges)
+        serialized = params_to_bytes(quantized)
+        quantized = params_from_bytes(serialized)  # evaluate what a receiver would load.
+        network = spec.build_network(precision)
+        apply = jax.jit(lambda obs, network=network, quantized=quantized: network.apply({"params": quantized}, obs))
+        act = jax.jit(lambda obs, apply=apply: spec.outputs_to_actions(apply(obs)))
+        policy = lambda obs, act=act: np.asarray(act(obs))
+        result = evaluation.evaluate(policy, env_id, episodes, seed=seed, env_options=env_options)
+        outputs = apply(divergence_states)
+        row = {
+            "precision": precision.name,
+            "bits": precision_bits(precision),
+            "family": "float" if precision.is_float else precision.weight_rule,
+            "activations": precision.activations,
+            "integer_kernel": precision.integer_kernel,
+            "mean_return": result.mean,
+            "std_return": result.std,
+            "returns": list(result.returns),
+            "param_bytes": param_bytes(quantized),
+            "packed_param_bytes": packed_param_bytes(quantized, precision),
+            "serialized_bytes": len(serialized),
+            **_divergence_metrics(spec.divergence, reference_outputs, outputs, reference_actions, spec.outputs_to_actions(outputs)),
+        }
+        for batch_size in latency_batch_sizes:
+            batch = np.resize(divergence_states, (batch_size,) + divergence_states.shape[1:])
+            row[f"latency_us_batch{batch_size}"] = measure_latency_us(act, jnp.asarray(batch))
+        rows.append(row)
+        log(f"{precision.name:>7}: return {result.mean:9.2f} ± {result.std:7.2f}  bytes {row['param_bytes']}")
+
+    reference_return = rows[0]["mean_return"]
+    for row in rows:
+        row["relative_error"] = (
+            (reference_return - row["mean_return"]) / abs(reference_return) if reference_return != 0 else None
+        )
+        row["bytes_ratio_to_fp32"] = row["param_bytes"] / rows[0]["param_bytes"]
+        for batch_size in latency_batch_sizes:
+            key = f"latency_us_batch{batch_size}"
+            row[f"latency_ratio_batch{batch_size}"] = row[key] / rows[0][key]
+    return {
+        "env": env_id,
+        "episodes": episodes,
+        "seed": seed,
+        "calibration_steps": calibration_steps,
+        "divergence_steps": divergence_steps,
+        "divergence": spec.divergence,
+        "results": rows,
+    }
