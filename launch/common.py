@@ -1,20 +1,11 @@
-"""What the entry points share: run directories, flag parsing helpers, restoring a run."""
+"""What the entry points share: flag parsing with exit status 2 on bad input, dispatch mode."""
 
-import dataclasses
-import os
-import shutil
 from typing import Any, Callable, Optional, Sequence
 
 import jax
 from absl import app, flags, logging
 
-from qrl import envs, io
-from qrl.checkpointing import Checkpointer
 from qrl.errors import QrlInputError, exit_on_input_error, fail
-
-CONFIG_FILE = "config.json"
-RESULTS_FILE = "results.json"
-CHECKPOINT_DIR = "checkpoints"
 
 
 def _parse_flags_or_fail(argv: list[str]) -> list[str]:
@@ -58,56 +49,3 @@ def parse_overrides(items: Optional[Sequence[str]]) -> dict:
             raise QrlInputError(f"--set expects key=value, got {item!r}")
         overrides[key.strip()] = value.strip()
     return overrides
-
-
-def prepare_workdir(workdir: str, overwrite: bool) -> None:
-    """Creates `workdir`; one that already holds a run is an input error unless overwriting."""
-    require_workdir(workdir)
-    if os.path.exists(os.path.join(workdir, CONFIG_FILE)):
-        if not overwrite:
-            raise QrlInputError(f"{workdir} already holds a run; pass --overwrite to replace it")
-        shutil.rmtree(workdir)
-    os.makedirs(workdir, exist_ok=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class RestoredRun:
-    """A training run read back from its workdir."""
-
-    workdir: str
-    run_config: dict
-    agent: Any  # the agent package
-    config: Any  # the agent's Config
-    state: Any  # the restored train state
-    observation_spec: Any
-    action_spec: Any
-
-    @property
-    def env_id(self) -> str:
-        return self.run_config["env"]
-
-
-def restore_run(workdir: str) -> RestoredRun:
-    """Reads `config.json` and restores the latest checkpoint of a `launch.train` run."""
-    from agents import get_agent
-
-    require_workdir(workdir)
-    if not os.path.isdir(workdir):
-        raise QrlInputError(f"workdir {workdir} does not exist")
-    config_path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(config_path):
-        raise QrlInputError(f"{workdir} has no {CONFIG_FILE}: not a launch.train run directory")
-    run_config = io.read_json(config_path)
-    try:
-        agent = get_agent(run_config["agent"])
-        config = agent.Config.from_dict(run_config["agent_config"])
-        env_id = run_config["env"]
-    except (KeyError, TypeError) as error:
-        raise QrlInputError(f"{config_path} is missing or has a malformed field: {error}") from None
-    env = envs.make(env_id, seed=0, **run_config.get("env_options", {}))
-    observation_spec, action_spec = env.observation_spec(), env.action_spec()
-    env.close()
-    template = agent.init_state(config, observation_spec, action_spec)
-    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpointer:
-        state = checkpointer.restore(template)
-    return RestoredRun(workdir, run_config, agent, config, state, observation_spec, action_spec)

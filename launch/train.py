@@ -1,71 +1,44 @@
 """Train an agent on an environment; everything the run writes goes into --workdir.
 
-    python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --seed=0 \
+    python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --seed=0 \\
         --workdir=runs/dqn_cartpole
 
 Writes config.json, metrics.csv, TensorBoard events (tb/), orbax checkpoints (checkpoints/)
 and results.json (final evaluation, throughput).
 """
 
-import os
-
 from absl import flags
 
-import qrl
-from launch import common
-from qrl import envs, io
-from qrl.errors import QrlInputError
+from launch import common, runs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("agent", "dqn", "Algorithm: dqn.")
 flags.DEFINE_string("env", "gym:CartPole-v1", "Environment id, e.g. gym:CartPole-v1, atari:Pong, dmc:cartpole-balance.")
 flags.DEFINE_integer("steps", 50_000, "Environment steps to train for.")
 flags.DEFINE_integer("seed", 0, "Seed of the agent and the training environments.")
-flags.DEFINE_string("workdir", None, "Directory for everything the run writes.")
+flags.DEFINE_string("workdir", None, "Directory for everything the run writes (required).")
 flags.DEFINE_integer("num_envs", 1, "Host environments stepped together.")
 flags.DEFINE_integer("eval_episodes", 10, "Episodes of each evaluation.")
 flags.DEFINE_integer("eval_every", 0, "Evaluate every N environment steps (0: only at the end).")
 flags.DEFINE_integer("checkpoint_every", 0, "Checkpoint every N environment steps (0: only at the end).")
 flags.DEFINE_multi_string("set", [], "Agent config override key=value (repeatable), e.g. --set=learning_rate=1e-3.")
 flags.DEFINE_bool("overwrite", False, "Replace a run already in --workdir.")
-flags.DEFINE_bool("progress", True, "Show a progress bar (or periodic summaries when not on a terminal).")
+flags.DEFINE_bool("progress", True, "Show a progress bar (periodic one-line summaries when not on a terminal).")
 
 
-def run() -> dict:
-    from agents import get_agent
-
+def run() -> None:
     common.synchronous_dispatch()
-    agent = get_agent(FLAGS.agent)
-    if FLAGS.steps < 1:
-        raise QrlInputError(f"--steps must be >= 1, got {FLAGS.steps}")
-    env = envs.make(FLAGS.env, seed=FLAGS.seed)
-    agent.check_env(FLAGS.env, env.action_spec())
-    env.close()
-    config = agent.config_for(FLAGS.env, common.parse_overrides(FLAGS.set))
-    common.prepare_workdir(FLAGS.workdir, FLAGS.overwrite)
-    run_config = {
-        "agent": FLAGS.agent,
-        "env": FLAGS.env,
-        "env_options": {},
-        "steps": FLAGS.steps,
-        "seed": FLAGS.seed,
-        "num_envs": FLAGS.num_envs,
-        "agent_config": config.to_dict(),
-        "qrl_version": qrl.__version__,
-    }
-    io.atomic_write_json(os.path.join(FLAGS.workdir, common.CONFIG_FILE), run_config)
-    _, results = agent.train(
-        FLAGS.env, config, FLAGS.steps, seed=FLAGS.seed, workdir=FLAGS.workdir, num_envs=FLAGS.num_envs,
-        eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every,
-        checkpoint_every=FLAGS.checkpoint_every, progress=FLAGS.progress,
+    results = runs.train_run(
+        FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, common.require_workdir(FLAGS.workdir),
+        overrides=common.parse_overrides(FLAGS.set), overwrite=FLAGS.overwrite, num_envs=FLAGS.num_envs,
+        eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
+        progress=FLAGS.progress,
     )
-    io.atomic_write_json(os.path.join(FLAGS.workdir, common.RESULTS_FILE), {"config": run_config, **results})
     final = results["final_eval"]
     print(
         f"{FLAGS.agent} on {FLAGS.env}: {results['env_steps']} steps at {results['steps_per_second']:.0f} steps/s; "
         f"final return {final['mean']:.1f} ± {final['std']:.1f} over {final['episodes']} episodes -> {FLAGS.workdir}"
     )
-    return results
 
 
 if __name__ == "__main__":

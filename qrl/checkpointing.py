@@ -24,7 +24,7 @@ _ORBAX_PACKAGE_DIR = os.path.dirname(ocp.__file__)
 
 
 class Checkpointer:
-    """Saves and restores train states under `directory`, keeping the newest `max_to_keep`.
+    """Saves and restores train states under `directory`, keeping the `max_to_keep` latest saves.
 
     Each step is one orbax step directory holding the state pytree (flax.struct dataclasses,
     optax states, jax/numpy arrays, python scalars) and optional JSON `extra`. Restoring needs
@@ -42,7 +42,8 @@ class Checkpointer:
     def save(self, step: int, state: Any, extra: Optional[Dict[str, Any]] = None) -> None:
         """Writes `state` (and JSON-able `extra`) as checkpoint `step`, replacing one already there.
 
-        Older steps beyond `max_to_keep` are deleted.
+        The earliest saves beyond `max_to_keep` are deleted (orbax counts saves in the order
+        they were made, so re-saving an old step keeps it and drops the earliest other one).
         """
         step = int(step)
         items = {_STATE_ITEM: ocp.args.StandardSave(state)}
@@ -235,7 +236,7 @@ def _orbax_quietly() -> Iterator[None]:
 
 
 class _DropOrphanedOrbaxTaskErrors(logging.Filter):
-    """Drops asyncio's 'Task exception was never retrieved' for orbax tasks.
+    """Drops asyncio's 'Task exception was never retrieved' for orbax/tensorstore reads.
 
     When one array of a checkpoint fails to open, orbax re-raises the first error and
     abandons the sibling reads; asyncio reports their errors again when they are collected.
@@ -243,9 +244,10 @@ class _DropOrphanedOrbaxTaskErrors(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        return not (
-            message.startswith("Task exception was never retrieved") and "orbax" in message
+        orphaned = message.startswith(
+            ("Task exception was never retrieved", "Future exception was never retrieved")
         )
+        return not (orphaned and ("orbax" in message or "tensorstore" in message))
 
 
 def _is_closed_loop_callback_error(unraisable: Any) -> bool:

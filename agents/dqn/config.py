@@ -12,6 +12,8 @@ from typing import Any, Mapping
 
 from qrl.errors import QrlInputError
 
+LEARNING_RATE_SCHEDULES = ("constant", "linear")
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -19,6 +21,7 @@ class Config:
 
     hidden_sizes: tuple[int, ...] = (256, 256)  # MLP torso; image observations use Nature CNN.
     learning_rate: float = 1e-4  # CleanRL dqn_atari (Adam).
+    learning_rate_schedule: str = "constant"  # or "linear": decay to 0 over training's updates.
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0  # SB3 / CleanRL.
     huber_delta: float = 1.0  # Mnih et al. 2015 clip the TD error to [-1, 1].
@@ -102,6 +105,11 @@ def validate(config: Config) -> None:
     for name in positive:
         if getattr(config, name) <= 0:
             raise QrlInputError(f"DQN config {name} must be > 0, got {getattr(config, name)}")
+    if config.learning_rate_schedule not in LEARNING_RATE_SCHEDULES:
+        raise QrlInputError(
+            f"DQN config learning_rate_schedule must be one of {', '.join(LEARNING_RATE_SCHEDULES)}, "
+            f"got {config.learning_rate_schedule!r}"
+        )
     if not 0.0 < config.tau <= 1.0:
         raise QrlInputError(f"DQN config tau must be in (0, 1], got {config.tau}")
     if not 0.0 <= config.gamma <= 1.0:

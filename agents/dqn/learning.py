@@ -36,11 +36,21 @@ def make_network(config: Config, observation_shape: Sequence[int], num_actions: 
     )
 
 
-def make_optimizer(config: Config) -> optax.GradientTransformation:
-    """Adam with global-norm gradient clipping."""
+def total_updates(config: Config, env_steps: int) -> int:
+    """Gradient updates a run of `env_steps` environment steps takes."""
+    trainable_steps = max(env_steps - max(config.learning_starts, config.train_freq) + config.train_freq, 0)
+    return max(1, trainable_steps // config.train_freq * config.gradient_steps)
+
+
+def make_optimizer(config: Config, num_updates: int = 1) -> optax.GradientTransformation:
+    """Adam with global-norm gradient clipping; a `linear` learning-rate schedule decays to 0
+    over `num_updates` (the state's structure does not depend on `num_updates`)."""
+    learning_rate = config.learning_rate
+    if config.learning_rate_schedule == "linear":
+        learning_rate = optax.linear_schedule(config.learning_rate, 0.0, num_updates)
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
-        optax.adam(config.learning_rate, eps=config.adam_eps),
+        optax.adam(learning_rate, eps=config.adam_eps),
     )
 
 
@@ -77,14 +87,17 @@ def make_loss(network: nn.Module, config: Config) -> Callable[[dict, dict, Trans
     return loss
 
 
-def make_update(network: nn.Module, config: Config) -> Callable[[TrainState, Transition], tuple[TrainState, dict]]:
+def make_update(
+    network: nn.Module, config: Config, num_updates: int = 1
+) -> Callable[[TrainState, Transition], tuple[TrainState, dict]]:
     """`update(state, batches [K, B, ...]) -> (state, metrics averaged over the K updates)`.
 
     The K gradient steps run under one `lax.scan` inside one jitted call (the state buffer is
     donated); the target network is copied (tau=1) or Polyak-averaged every
-    `target_update_period` updates.
+    `target_update_period` updates. `num_updates` (the run's total) sets the length of a
+    linear learning-rate schedule.
     """
-    optimizer = make_optimizer(config)
+    optimizer = make_optimizer(config, num_updates)
     grad_fn = jax.grad(make_loss(network, config), has_aux=True)
 
     def one_update(state: TrainState, batch: Transition):

@@ -69,7 +69,7 @@ def train(
 
     state = learning.init(jax.random.PRNGKey(seed), config, observation_shape, observation_spec.dtype, num_actions)
     network = learning.make_network(config, observation_shape, num_actions)
-    update = learning.make_update(network, config)
+    update = learning.make_update(network, config, learning.total_updates(config, steps))
     policy = make_greedy_policy_fn(network, lambda: state.params)
     epsilon_at = acting.epsilon_schedule(config, steps)
 

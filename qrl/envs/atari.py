@@ -99,16 +99,16 @@ class AtariEnvironment(dm_env.Environment):
             return self.reset()
         frame, reward, terminated, truncated, _ = self._env.step(action)
         obs = self._push_frame(frame)
+        lives = self._ale.lives()
+        lost_life = lives < self._lives
+        self._lives = lives
         if terminated or truncated:
             self._game_over = True
             self._needs_reset = True
             return _TimeStep(_LAST, float(reward), 0.0 if terminated else 1.0, obs)
-        lives = self._ale.lives()
-        if self._episodic_life and lives < self._lives:
-            self._lives = lives
+        if lost_life and self._episodic_life:
             self._needs_reset = True
             return _TimeStep(_LAST, float(reward), 0.0, obs)
-        self._lives = lives
         return _TimeStep(_MID, float(reward), 1.0, obs)
 
     def observation_spec(self) -> specs.BoundedArray:

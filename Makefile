@@ -1,0 +1,31 @@
+# The README's two commands: `make demo` and `make test`. Each creates .venv and installs the
+# pinned requirements on first use (and again whenever requirements.txt changes).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+BENCH_VENV := .venv-bench
+export PYTHONPATH := $(CURDIR)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: venv demo test test-all bench bench-deps clean
+
+$(INSTALLED): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $(INSTALLED)
+
+venv: $(INSTALLED)
+
+demo: $(INSTALLED)
+	$(PY) -m launch.demo --workdir=runs/demo
+
+test: $(INSTALLED)
+	$(PY) -m pytest -m "not slow"
+
+test-all: $(INSTALLED)
+	$(PY) -m pytest
+
+clean:
+	rm -rf runs MUJOCO_LOG.TXT

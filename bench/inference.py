@@ -1,0 +1,322 @@
+"""Inference latency of the MLP and Nature-CNN policies at fp32, bf16 and real int8 (static and
+dynamic activation scales), with ONNX Runtime and numpy as out-of-process peers for the MLP.
+
+    .venv/bin/python -m bench.inference [--quick] [--json=PATH] [--cnn_4096] [--no_onnx]
+
+Every JAX candidate is jitted and takes its parameters as arguments (as an actor that pulls
+weights does); inputs live on the device. Candidates are timed round-robin in one process and
+reported as medians over rounds with their ratio to fp32 at the same batch size: absolute times
+on this shared machine move between runs, ratios measured side by side do not (DESIGN.md §3).
+ONNX Runtime and numpy run in a separate process (`bench/onnx_peer.py`; timing them beside JAX
+inflates them, DESIGN.md §6) on the same weights, passed through a temporary .npz file.
+
+Models: MLP 17 -> 256 -> 256 -> 6 (ReLU, no final activation) on float observations, and the
+Nature CNN torso ([B, 84, 84, 4] uint8 frames -> 512) with a 6-action `qrl.networks.Dense` head.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from bench.timing import interleaved_medians
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MLP_INPUT_SIZE = 17
+MLP_LAYER_SIZES = (256, 256, 6)
+CNN_FRAME_SHAPE = (84, 84, 4)
+NUM_ACTIONS = 6
+CALIBRATION_SIZE = 1024
+CNN_CALIBRATION_SIZE = 64
+PRECISIONS = ("fp32", "bf16", "int8-static", "int8-dynamic")
+HOST_IO_CANDIDATE = "fp32 numpy-io"
+SINGLE_THREAD_EIGEN_FLAG = "--xla_cpu_multi_thread_eigen=false"
+# (model, batch, bound on int8 latency / fp32 latency).
+INT8_TARGETS = (("mlp", 4096, 0.65), ("cnn", 32, 0.5))
+JAX_OVER_ORT_BATCH1_TARGET = 2.0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds, MLP batches 1,32, CNN batch 1 (smoke test)")
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--rounds", type=int, default=15, help="round-robin rounds per batch size")
+    parser.add_argument("--round_seconds", type=float, default=0.02, help="time of one candidate's turn")
+    parser.add_argument("--mlp_batches", default="1,32,256,4096")
+    parser.add_argument("--cnn_batches", default="1,32,256")
+    parser.add_argument("--cnn_4096", action="store_true", help="also time the CNN at batch 4096 (slow)")
+    parser.add_argument("--no_onnx", action="store_true", help="skip the ONNX Runtime / numpy peer process")
+    parser.add_argument(
+        "--single_thread_eigen",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help=f"add {SINGLE_THREAD_EIGEN_FLAG} to XLA_FLAGS before JAX starts",
+    )
+    parser.add_argument(
+        "--async_dispatch",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="jax_cpu_enable_async_dispatch (off by default: per-call latency, as in an actor loop)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.round_seconds = 3, 0.005
+        args.mlp_batches, args.cnn_batches = "1,32", "1"
+    args.mlp_batches = _batch_list(args.mlp_batches)
+    args.cnn_batches = _batch_list(args.cnn_batches) + ([4096] if args.cnn_4096 else [])
+    return args
+
+
+def _batch_list(text: str) -> list[int]:
+    return sorted({int(item) for item in str(text).split(",") if item.strip()})
+
+
+def configure_jax(args: argparse.Namespace):
+    """Sets XLA_FLAGS (read when JAX starts its backend), imports jax and applies dispatch mode."""
+    if args.single_thread_eigen and SINGLE_THREAD_EIGEN_FLAG not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SINGLE_THREAD_EIGEN_FLAG}".strip()
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", args.async_dispatch)
+    return jax
+
+
+def build_models(precision_name: str):
+    """(mlp, cnn_policy) flax modules at a precision named as in `PRECISIONS`."""
+    import flax.linen as nn
+
+    from qrl.networks import MLP, Dense, NatureCNN
+    from qrl.quant import parse_precision
+
+    base_name, _, activations = precision_name.partition("-")
+    precision = parse_precision(base_name, activations=activations or "static")
+    mlp = MLP(MLP_LAYER_SIZES, precision=precision, activate_final=False)
+    cnn_policy = nn.Sequential([NatureCNN(precision=precision), Dense(NUM_ACTIONS, precision=precision)])
+    return precision, mlp, cnn_policy
+
+
+def prepare_candidates(model_index: int, fp32_params, calibration: np.ndarray) -> dict:
+    """precision name -> (jitted `apply(params, x)`, params on device, parameter bytes)."""
+    import jax
+
+    from qrl.quant import calibrate, param_bytes, quantize_params
+
+    fp32_model = build_models("fp32")[1 + model_index]
+    ranges = calibrate(fp32_model.apply, fp32_params, calibration)
+    candidates = {}
+    for name in PRECISIONS:
+        precision, *models = build_models(name)
+        model = models[model_index]
+        params = quantize_params(fp32_params, precision, ranges)
+        apply = jax.jit(lambda params, x, model=model: model.apply({"params": params}, x))
+        candidates[name] = (apply, jax.device_put(params), param_bytes(params))
+    return candidates
+
+
+def time_model(candidates: dict, inputs_for_batch, batches: list[int], args, host_io_batches=()) -> dict:
+    """Latency (µs) and ratio to fp32 per candidate and batch, plus max |output - fp32 output|."""
+    import jax
+
+    latency_us = {name: {} for name in candidates}
+    max_abs_error = {name: {} for name in candidates}
+    for batch in batches:
+        x_host = inputs_for_batch(batch)
+        x = jax.device_put(x_host)
+        reference = np.asarray(candidates["fp32"][0](candidates["fp32"][1], x))
+        calls = {}
+        for name, (apply, params, _) in candidates.items():
+            output = np.asarray(apply(params, x), np.float32)
+            max_abs_error[name][batch] = float(np.max(np.abs(output - reference)))
+            calls[name] = lambda apply=apply, params=params: apply(params, x).block_until_ready()
+        if batch in host_io_batches:
+            apply, params, _ = candidates["fp32"]
+            calls[HOST_IO_CANDIDATE] = lambda: np.asarray(apply(params, x_host))
+        for name, seconds in interleaved_medians(calls, args.rounds, args.round_seconds).items():
+            latency_us.setdefault(name, {})[batch] = seconds * 1e6
+    ratio = {
+        name: {batch: value / latency_us["fp32"][batch] for batch, value in row.items()}
+        for name, row in latency_us.items()
+    }
+    return {
+        "latency_us": latency_us,
+        "ratio_to_fp32": ratio,
+        "max_abs_error_vs_fp32": max_abs_error,
+        "param_bytes": {name: candidate[2] for name, candidate in candidates.items()},
+    }
+
+
+def run_onnx_peer(fp32_params, calibration: np.ndarray, batches: list[int], args) -> dict:
+    """Runs `bench/onnx_peer.py` in a fresh process on the MLP's weights; its JSON or an error."""
+    arrays = {"calibration": calibration}
+    for index in range(len(MLP_LAYER_SIZES)):
+        layer = fp32_params[f"dense_{index}"]
+        arrays[f"kernel_{index}"] = np.asarray(layer["kernel"], np.float32)
+        arrays[f"bias_{index}"] = np.asarray(layer["bias"], np.float32)
+    with tempfile.TemporaryDirectory() as directory:
+        weights_path = os.path.join(directory, "mlp_weights.npz")
+        np.savez(weights_path, **arrays)
+        command = [
+            sys.executable, "-m", "bench.onnx_peer",
+            f"--weights={weights_path}",
+            f"--batches={','.join(map(str, batches))}",
+            f"--rounds={args.rounds}",
+            f"--round_seconds={args.round_seconds}",
+        ]
+        completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines() or ["no output"]
+        return {"error": f"onnx peer exited with status {completed.returncode}: {lines[-1]}"}
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    result["latency_us"] = {
+        name: {int(batch): value for batch, value in row.items()} for name, row in result["latency_us"].items()
+    }
+    return result
+
+
+def format_table(title: str, rows: dict, batches: list[int], note: str = "") -> list[str]:
+    """`rows`: name -> (latency µs per batch, ratio per batch)."""
+    lines = [title, f"{'candidate':<26}" + "".join(f"{f'batch {batch}':>20}" for batch in batches)]
+    for name, (latency, ratio) in rows.items():
+        cells = []
+        for batch in batches:
+            if batch in latency:
+                cells.append(f"{latency[batch]:>11.1f} ({ratio[batch]:.2f})")
+            else:
+                cells.append(f"{'-':>18}")
+        lines.append(f"{name:<26}" + "".join(f"{cell:>20}" for cell in cells))
+    if note:
+        lines.append(note)
+    return lines
+
+
+def evaluate_targets(results: dict) -> list[dict]:
+    """int8/fp32 targets per model and activation mode, and the JAX/ORT batch-1 target."""
+    targets = []
+    for model, batch, bound in INT8_TARGETS:
+        for name in ("int8-static", "int8-dynamic"):
+            ratio = results[model]["ratio_to_fp32"][name].get(batch)
+            targets.append({
+                "name": f"{model.upper()} {name}/fp32 at batch {batch}",
+                "bound": bound,
+                "value": ratio,
+                "passed": None if ratio is None else ratio <= bound,
+            })
+    ort = results.get("onnx", {})
+    jax_fp32 = results["mlp"]["latency_us"]["fp32"].get(1)
+    ort_fp32 = ort.get("latency_us", {}).get("ort-fp32", {}).get(1)
+    for label, jax_latency in (
+        ("JAX fp32 / ORT fp32 at batch 1", jax_fp32),
+        ("JAX fp32 (numpy in/out) / ORT fp32 at batch 1", results["mlp"]["latency_us"].get(HOST_IO_CANDIDATE, {}).get(1)),
+    ):
+        ratio = None if jax_latency is None or ort_fp32 is None else jax_latency / ort_fp32
+        targets.append({
+            "name": label,
+            "bound": JAX_OVER_ORT_BATCH1_TARGET,
+            "value": ratio,
+            "passed": None if ratio is None else ratio <= JAX_OVER_ORT_BATCH1_TARGET,
+        })
+    return targets
+
+
+def report(results: dict, args) -> str:
+    lines = [
+        f"jax {results['environment']['jax']}, XLA_FLAGS={results['environment']['XLA_FLAGS']!r}, "
+        f"async dispatch {'on' if args.async_dispatch else 'off'}, {args.rounds} rounds, "
+        f"cpu count {os.cpu_count()}",
+        "",
+    ]
+    mlp = results["mlp"]
+    rows = {f"jax {name}": (mlp["latency_us"][name], mlp["ratio_to_fp32"][name]) for name in mlp["latency_us"]}
+    ort = results.get("onnx", {})
+    note = "ratios: to jax fp32 at the same batch."
+    if "latency_us" in ort:
+        for name, latency in ort["latency_us"].items():
+            reference = ort["latency_us"]["ort-fp32"] if "ort-fp32" in ort["latency_us"] else latency
+            rows[f"{name} *"] = (latency, {batch: value / reference[batch] for batch, value in latency.items()})
+        note += " * separate process (bench/onnx_peer.py); ratio to ort-fp32 of that process."
+    elif "error" in ort:
+        note += f" ONNX peer: {ort['error']}"
+    else:
+        note += " ONNX peer: skipped."
+    lines += format_table(
+        f"MLP {MLP_INPUT_SIZE}-{'-'.join(map(str, MLP_LAYER_SIZES))}: median latency µs (ratio)",
+        rows, args.mlp_batches, note,
+    )
+    lines.append("")
+    cnn = results["cnn"]
+    rows = {f"jax {name}": (cnn["latency_us"][name], cnn["ratio_to_fp32"][name]) for name in cnn["latency_us"]}
+    lines += format_table(
+        f"Nature CNN + {NUM_ACTIONS}-action head, uint8 84x84x4: median latency µs (ratio to jax fp32)",
+        rows, args.cnn_batches,
+    )
+    lines += ["", "targets"]
+    for target in results["targets"]:
+        if target["value"] is None:
+            verdict = "not measured"
+        else:
+            verdict = f"{target['value']:.2f} {'PASS' if target['passed'] else 'FAIL'}"
+        lines.append(f"  {target['name']} <= {target['bound']}: {verdict}")
+    lines += ["", "parameter bytes (ratio to fp32)"]
+    for model in ("mlp", "cnn"):
+        sizes = results[model]["param_bytes"]
+        cells = ", ".join(f"{name} {size} ({size / sizes['fp32']:.2f})" for name, size in sizes.items())
+        lines.append(f"  {model.upper()}: {cells}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    jax = configure_jax(args)
+    rng = np.random.default_rng(0)
+
+    mlp_observations = rng.standard_normal((CALIBRATION_SIZE, MLP_INPUT_SIZE)).astype(np.float32)
+    frames = rng.integers(0, 256, (CNN_CALIBRATION_SIZE, *CNN_FRAME_SHAPE), dtype=np.uint8)
+    _, fp32_mlp, fp32_cnn = build_models("fp32")
+    mlp_params = jax.jit(fp32_mlp.init)(jax.random.PRNGKey(0), mlp_observations[:1])["params"]
+    cnn_params = jax.jit(fp32_cnn.init)(jax.random.PRNGKey(1), frames[:1])["params"]
+
+    results = {
+        "environment": {
+            "jax": jax.__version__,
+            "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "async_dispatch": args.async_dispatch,
+            "rounds": args.rounds,
+            "round_seconds": args.round_seconds,
+            "cpu_count": os.cpu_count(),
+        },
+        "mlp": time_model(
+            prepare_candidates(0, mlp_params, mlp_observations),
+            lambda batch: rng.standard_normal((batch, MLP_INPUT_SIZE)).astype(np.float32),
+            args.mlp_batches,
+            args,
+            host_io_batches=(1,),
+        ),
+        "cnn": time_model(
+            prepare_candidates(1, cnn_params, frames),
+            lambda batch: rng.integers(0, 256, (batch, *CNN_FRAME_SHAPE), dtype=np.uint8),
+            args.cnn_batches,
+            args,
+        ),
+    }
+    if args.no_onnx:
+        results["onnx"] = {"skipped": "--no_onnx"}
+    elif importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        results["onnx"] = {"error": "onnx / onnxruntime not installed (pip install -r requirements-bench.txt)"}
+    else:
+        results["onnx"] = run_onnx_peer(mlp_params, mlp_observations, args.mlp_batches, args)
+    results["targets"] = evaluate_targets(results)
+
+    print(report(results, args), flush=True)
+    if args.json:
+        from qrl.io import atomic_write_json
+
+        atomic_write_json(args.json, results)
+
+
+if __name__ == "__main__":
+    main()

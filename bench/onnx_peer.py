@@ -1,0 +1,172 @@
+"""Out-of-process peers for the MLP latency benchmark: ONNX Runtime (fp32, int8) and numpy fp32.
+
+Run by `bench/inference.py` in a separate process, because timing ONNX Runtime or numpy in a
+process that has loaded JAX inflates them (DESIGN.md §6). Reads the MLP's weights from an .npz
+file (`kernel_<i> [in, out]`, `bias_<i> [out]` per layer; ReLU between layers, none after the
+last; `calibration [N, in]` observations for static int8), builds the ONNX graph with the
+`onnx.helper` API and prints one JSON object on stdout:
+
+    python -m bench.onnx_peer --weights=/tmp/mlp.npz --batches=1,32,256,4096
+
+Candidates:
+- `ort-fp32`: the MatMul/Add/Relu graph.
+- `ort-int8-dynamic`: `onnxruntime.quantization.quantize_dynamic` (int8 weights per tensor;
+  uint8 activations quantized per call by DynamicQuantizeLinear; MatMulInteger, which ORT fuses
+  into DynamicQuantizeMatMul).
+- `ort-int8-static`: `quantize_static` to a QDQ graph (int8 weights per output channel, uint8
+  activations with MinMax-calibrated scales; ORT fuses QDQ pairs into QLinearMatMul/QGemm).
+- `numpy-fp32`: `x @ W + b` and `np.maximum`, timed at batch 1 by default.
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from bench.timing import interleaved_medians
+
+ONNX_OPSET = 17
+ONNX_IR_VERSION = 8
+
+
+def load_layers(path: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """(kernel, bias) per layer in order, and the calibration observations, from an .npz file."""
+    with np.load(path, allow_pickle=False) as archive:
+        layers = []
+        while f"kernel_{len(layers)}" in archive:
+            index = len(layers)
+            layers.append((archive[f"kernel_{index}"].astype(np.float32), archive[f"bias_{index}"].astype(np.float32)))
+        calibration = archive["calibration"].astype(np.float32)
+    if not layers:
+        raise ValueError(f"{path}: no kernel_0 array")
+    return layers, calibration
+
+
+def build_mlp_graph(layers: list[tuple[np.ndarray, np.ndarray]]):
+    """ONNX model `x [batch, in] -> y [batch, out]`: MatMul, Add, and Relu between layers."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, initializers = [], []
+    current = "x"
+    for index, (kernel, bias) in enumerate(layers):
+        initializers += [
+            numpy_helper.from_array(np.asarray(kernel, np.float32), f"kernel_{index}"),
+            numpy_helper.from_array(np.asarray(bias, np.float32), f"bias_{index}"),
+        ]
+        nodes.append(helper.make_node("MatMul", [current, f"kernel_{index}"], [f"matmul_{index}"], name=f"matmul_{index}"))
+        is_last = index == len(layers) - 1
+        summed = "y" if is_last else f"add_{index}"
+        nodes.append(helper.make_node("Add", [f"matmul_{index}", f"bias_{index}"], [summed], name=f"add_{index}"))
+        if not is_last:
+            nodes.append(helper.make_node("Relu", [summed], [f"relu_{index}"], name=f"relu_{index}"))
+            current = f"relu_{index}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", layers[0][0].shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", layers[-1][0].shape[1]])],
+        initializer=initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    model.ir_version = ONNX_IR_VERSION
+    return model
+
+
+def write_models(layers, calibration: np.ndarray, directory: str) -> dict[str, str]:
+    """Writes the fp32, dynamic-int8 and static-int8 (QDQ) models; returns name -> path."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    class CalibrationReader(CalibrationDataReader):
+        """Feeds the calibration observations to `quantize_static` in batches of 256."""
+
+        def __init__(self):
+            self._batches = iter([calibration[start : start + 256] for start in range(0, len(calibration), 256)])
+
+        def get_next(self):
+            batch = next(self._batches, None)
+            return None if batch is None else {"x": batch}
+
+    paths = {name: os.path.join(directory, f"{name}.onnx") for name in ("ort-fp32", "ort-int8-dynamic", "ort-int8-static")}
+    onnx.save(build_mlp_graph(layers), paths["ort-fp32"])
+    quantize_dynamic(paths["ort-fp32"], paths["ort-int8-dynamic"], weight_type=QuantType.QInt8)
+    quantize_static(
+        paths["ort-fp32"],
+        paths["ort-int8-static"],
+        CalibrationReader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return paths
+
+
+def numpy_mlp(layers):
+    """`x -> y` in numpy float32, ReLU between layers."""
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        for index, (kernel, bias) in enumerate(layers):
+            x = x @ kernel + bias
+            if index < len(layers) - 1:
+                x = np.maximum(x, 0.0)
+        return x
+
+    return apply
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--weights", required=True, help=".npz with kernel_<i>, bias_<i>, calibration")
+    parser.add_argument("--batches", default="1,32,256,4096", help="comma-separated batch sizes")
+    parser.add_argument("--rounds", type=int, default=15, help="round-robin rounds per batch size")
+    parser.add_argument("--round_seconds", type=float, default=0.02, help="time per candidate turn")
+    parser.add_argument(
+        "--numpy_batches",
+        default="1",
+        help="batch sizes numpy is timed at (its multi-threaded BLAS fights ORT's threads on a loaded machine)",
+    )
+    parser.add_argument("--no_ort", action="store_true", help="numpy only (onnxruntime not needed)")
+    args = parser.parse_args(argv)
+
+    layers, calibration = load_layers(args.weights)
+    batches = [int(batch) for batch in args.batches.split(",") if batch.strip()]
+    numpy_batches = [int(batch) for batch in args.numpy_batches.split(",") if batch.strip()]
+    functions = {}
+    info = {"cpu_count": os.cpu_count(), "numpy": np.__version__}
+    with tempfile.TemporaryDirectory() as directory:
+        if not args.no_ort:
+            import onnx
+            import onnxruntime as ort
+
+            info.update(onnx=onnx.__version__, onnxruntime=ort.__version__)
+            for name, path in write_models(layers, calibration, directory).items():
+                session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+                functions[name] = lambda x, session=session: session.run(None, {"x": x})[0]
+        functions["numpy-fp32"] = numpy_mlp(layers)
+
+        rng = np.random.default_rng(0)
+        latency_us = {name: {} for name in functions}
+        max_abs_error = {name: {} for name in functions}
+        for batch in batches:
+            x = rng.standard_normal((batch, layers[0][0].shape[0])).astype(np.float32)
+            reference = functions["numpy-fp32"](x)
+            for name, function in functions.items():
+                max_abs_error[name][batch] = float(np.max(np.abs(function(x) - reference)))
+            candidates = {
+                name: (lambda function=function, x=x: function(x))
+                for name, function in functions.items()
+                if name != "numpy-fp32" or batch in numpy_batches
+            }
+            for name, seconds in interleaved_medians(candidates, args.rounds, args.round_seconds).items():
+                latency_us[name][batch] = seconds * 1e6
+
+    json.dump({"info": info, "latency_us": latency_us, "max_abs_error_vs_numpy": max_abs_error}, sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Interleaved latency timing shared by the benchmark process and its out-of-process peers.
+
+Candidates are timed round-robin (the starting candidate rotates every round) so that load from
+other processes on a shared machine hits every candidate alike; the reported latency of a
+candidate is the median over rounds of its mean per-call time within a round. Imports nothing
+but the standard library, so peers that must not load JAX can use it.
+"""
+
+import gc
+import statistics
+import time
+from typing import Callable, Mapping
+
+Call = Callable[[], object]
+
+
+def _seconds_per_call(call: Call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def interleaved_medians(
+    candidates: Mapping[str, Call], rounds: int, round_seconds: float, max_calls: int = 2000
+) -> dict[str, float]:
+    """Median seconds per call of each candidate, timed round-robin over `rounds` rounds.
+
+    Each call must block until its result is ready. Every candidate is called twice before
+    timing starts (compilation, caches); the slowest then sets how many back-to-back calls a
+    candidate makes per round, so one candidate's turn lasts about `round_seconds`. The garbage
+    collector is paused while timing.
+    """
+    names = list(candidates)
+    for name in names:
+        candidates[name]()
+    slowest = max(_seconds_per_call(candidates[name]) for name in names)
+    calls = int(min(max_calls, max(1, round_seconds / max(slowest, 1e-7))))
+    per_call = {name: [] for name in names}
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for round_index in range(rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                call = candidates[name]
+                start = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                per_call[name].append((time.perf_counter() - start) / calls)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return {name: statistics.median(times) for name, times in per_call.items()}

@@ -1,0 +1,128 @@
+"""DQN: config, updates, fused scan equivalence, acting, and learning CartPole."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agents.dqn import acting, config_for, learning, train
+from agents.dqn.config import Config
+from qrl.errors import QrlInputError
+from qrl.replay import Transition
+
+
+def _batches(key, num_batches, batch_size, obs_dim=4, num_actions=2):
+    keys = jax.random.split(key, 3)
+    shape = (num_batches, batch_size)
+    return Transition(
+        observation=np.asarray(jax.random.normal(keys[0], shape + (obs_dim,))),
+        action=np.asarray(jax.random.randint(keys[1], shape, 0, num_actions)),
+        reward=np.ones(shape, np.float32),
+        discount=np.full(shape, 0.99, np.float32),
+        next_observation=np.asarray(jax.random.normal(keys[2], shape + (obs_dim,))),
+    )
+
+
+@pytest.fixture(autouse=True)
+def synchronous_dispatch():
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
+def test_config_presets_and_overrides():
+    config = config_for("gym:CartPole-v1", {"learning_rate": "0.01", "hidden_sizes": "64-64", "double_q": "false"})
+    assert config.batch_size == 64 and config.train_freq == 256  # rl-baselines3-zoo preset
+    assert config.learning_rate == 0.01 and config.hidden_sizes == (64, 64) and config.double_q is False
+    assert Config.from_dict(config.to_dict()) == config
+    assert config_for("atari:Pong").buffer_size == 1_000_000  # Nature DQN default
+    with pytest.raises(QrlInputError, match="unknown DQN config key"):
+        config_for("gym:CartPole-v1", {"learning_rat": 1})
+    with pytest.raises(QrlInputError, match="batch_size"):
+        config_for("gym:CartPole-v1", {"batch_size": 0})
+    with pytest.raises(QrlInputError, match="not a valid"):
+        config_for("gym:CartPole-v1", {"gamma": "high"})
+
+
+def test_fused_updates_equal_sequential_updates():
+    config = Config(hidden_sizes=(32,), learning_rate=1e-3, target_update_period=2)
+    network = learning.make_network(config, (4,), 2)
+    batches = _batches(jax.random.PRNGKey(1), num_batches=4, batch_size=8)
+    fused = learning.make_update(network, config)
+    state_fused, _ = fused(learning.init(jax.random.PRNGKey(0), config, (4,), np.float32, 2), batches)
+    state_sequential = learning.init(jax.random.PRNGKey(0), config, (4,), np.float32, 2)
+    for k in range(4):
+        one = jax.tree.map(lambda x: x[k : k + 1], batches)
+        state_sequential, _ = fused(state_sequential, one)
+    assert int(state_fused.updates) == int(state_sequential.updates) == 4
+    for a, b in zip(jax.tree.leaves(state_fused.params), jax.tree.leaves(state_sequential.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_target_network_copied_every_period_only():
+    config = Config(hidden_sizes=(16,), learning_rate=1e-2, target_update_period=3)
+    network = learning.make_network(config, (4,), 2)
+    update = learning.make_update(network, config)
+    state = learning.init(jax.random.PRNGKey(0), config, (4,), np.float32, 2)
+    initial_target = jax.tree.map(np.asarray, state.target_params)
+    state, _ = update(state, _batches(jax.random.PRNGKey(1), 2, 8))
+    for a, b in zip(jax.tree.leaves(state.target_params), jax.tree.leaves(initial_target)):
+        np.testing.assert_array_equal(a, b)  # 2 updates < period 3: unchanged
+    state, _ = update(state, _batches(jax.random.PRNGKey(2), 1, 8))
+    for a, b in zip(jax.tree.leaves(state.target_params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)  # 3rd update: hard copy
+
+
+def test_updates_reduce_td_loss_on_a_fixed_batch():
+    config = Config(hidden_sizes=(32,), learning_rate=1e-2, target_update_period=1000)
+    network = learning.make_network(config, (4,), 2)
+    batch = _batches(jax.random.PRNGKey(3), 1, 32)
+    repeated = jax.tree.map(lambda x: np.repeat(x, 50, axis=0), batch)
+    update = learning.make_update(network, config)
+    state = learning.init(jax.random.PRNGKey(0), config, (4,), np.float32, 2)
+    loss = learning.make_loss(network, config)
+    before = float(loss(state.params, state.target_params, jax.tree.map(lambda x: x[0], batch))[0])
+    state, _ = update(state, repeated)
+    after = float(loss(state.params, state.target_params, jax.tree.map(lambda x: x[0], batch))[0])
+    assert after < 0.5 * before
+
+
+def test_epsilon_schedule_and_epsilon_greedy_policy():
+    config = Config(exploration_initial_eps=1.0, exploration_final_eps=0.1, exploration_fraction=0.5)
+    epsilon = acting.epsilon_schedule(config, total_steps=100)
+    assert epsilon(0) == 1.0 and epsilon(25) == pytest.approx(0.55) and epsilon(50) == pytest.approx(0.1)
+    assert epsilon(99) == pytest.approx(0.1)
+    network = learning.make_network(Config(hidden_sizes=(8,)), (4,), 3)
+    params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))["params"]
+    observations = jnp.ones((1000, 4))
+    policy = jax.jit(acting.make_epsilon_greedy_policy(network))
+    greedy = acting.make_greedy_policy(network)(params, observations)
+    np.testing.assert_array_equal(policy(params, observations, jax.random.PRNGKey(0), 0.0), greedy)
+    random_actions = policy(params, observations, jax.random.PRNGKey(0), 1.0)
+    assert set(np.unique(random_actions)) == {0, 1, 2}
+
+
+def test_nature_cnn_q_network_on_frames():
+    config = config_for("atari:Pong")
+    network = learning.make_network(config, (84, 84, 4), 6)
+    state = learning.init(jax.random.PRNGKey(0), config, (84, 84, 4), np.uint8, 6)
+    assert "conv_0" in state.params["torso"]
+    q_values = network.apply({"params": state.params}, jnp.zeros((2, 84, 84, 4), jnp.uint8))
+    assert q_values.shape == (2, 6) and q_values.dtype == jnp.float32
+
+
+def test_dqn_rejects_continuous_actions():
+    with pytest.raises(QrlInputError, match="discrete"):
+        train("gym:Pendulum-v1", Config(), steps=10, progress=False)
+
+
+def test_dqn_trains_on_atari_frames_for_a_few_steps():
+    config = config_for("atari:Pong", {"learning_starts": 40, "buffer_size": 200, "train_freq": 4, "gradient_steps": 2,
+                                       "batch_size": 8})
+    state, results = train("atari:Pong", config, steps=64, seed=0, eval_episodes=1, progress=False)
+    assert int(state.updates) > 0 and results["env_steps"] == 64
+
+
+def test_dqn_learns_cartpole():
+    """rl-baselines3-zoo's CartPole hyperparameters, 50k steps, fixed seed: greedy return >= 475."""
+    _, results = train("gym:CartPole-v1", config_for("gym:CartPole-v1"), steps=50_000, seed=0, eval_episodes=20,
+                       progress=False)
+    assert results["final_eval"]["mean"] >= 475.0, results["final_eval"]
