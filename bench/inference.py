@@ -45,12 +45,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds, MLP batches 1,32, CNN batch 1 (smoke test)")
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-    parser.add_argument("--rounds", type=int, default=15, help="round-robin rounds per batch size")
-    parser.add_argument("--round_seconds", type=float, default=0.02, help="time of one candidate's turn")
+    parser.add_argument("--rounds", type=int, default=20, help="round-robin rounds per batch size")
+    parser.add_argument("--round_seconds", type=float, default=0.01, help="time of one candidate's turn")
     parser.add_argument("--mlp_batches", default="1,32,256,4096")
     parser.add_argument("--cnn_batches", default="1,32,256")
     parser.add_argument("--cnn_4096", action="store_true", help="also time the CNN at batch 4096 (slow)")
     parser.add_argument("--no_onnx", action="store_true", help="skip the ONNX Runtime / numpy peer process")
+    parser.add_argument("--ort_threads", type=int, default=0, help="ORT intra-op threads per session; 0: ORT default")
     parser.add_argument(
         "--single_thread_eigen",
         action=argparse.BooleanOptionalAction,
@@ -119,10 +120,12 @@ def prepare_candidates(model_index: int, fp32_params, calibration: np.ndarray) -
 
 
 def time_model(candidates: dict, inputs_for_batch, batches: list[int], args, host_io_batches=()) -> dict:
-    """Latency (µs) and ratio to fp32 per candidate and batch, plus max |output - fp32 output|."""
+    """Wall and CPU µs per call and their ratios to fp32 per candidate and batch, parameter
+    bytes, and max |output - fp32 output|."""
     import jax
 
     latency_us = {name: {} for name in candidates}
+    cpu_us = {name: {} for name in candidates}
     max_abs_error = {name: {} for name in candidates}
     for batch in batches:
         x_host = inputs_for_batch(batch)
@@ -137,16 +140,23 @@ def time_model(candidates: dict, inputs_for_batch, batches: list[int], args, hos
             apply, params, _ = candidates["fp32"]
             calls[HOST_IO_CANDIDATE] = lambda: np.asarray(apply(params, x_host))
         for name, seconds in interleaved_medians(calls, args.rounds, args.round_seconds).items():
-            latency_us.setdefault(name, {})[batch] = seconds * 1e6
-    ratio = {
-        name: {batch: value / latency_us["fp32"][batch] for batch, value in row.items()}
-        for name, row in latency_us.items()
-    }
+            latency_us.setdefault(name, {})[batch] = seconds["wall"] * 1e6
+            cpu_us.setdefault(name, {})[batch] = seconds["cpu"] * 1e6
     return {
         "latency_us": latency_us,
-        "ratio_to_fp32": ratio,
+        "ratio_to_fp32": ratios_to(latency_us, "fp32"),
+        "cpu_us": cpu_us,
+        "cpu_ratio_to_fp32": ratios_to(cpu_us, "fp32"),
         "max_abs_error_vs_fp32": max_abs_error,
         "param_bytes": {name: candidate[2] for name, candidate in candidates.items()},
+    }
+
+
+def ratios_to(values: dict, reference: str) -> dict:
+    """`values[name][batch] / values[reference][batch]` for every name and batch."""
+    return {
+        name: {batch: value / values[reference][batch] for batch, value in row.items()}
+        for name, row in values.items()
     }
 
 
@@ -166,15 +176,16 @@ def run_onnx_peer(fp32_params, calibration: np.ndarray, batches: list[int], args
             f"--batches={','.join(map(str, batches))}",
             f"--rounds={args.rounds}",
             f"--round_seconds={args.round_seconds}",
+            f"--ort_threads={args.ort_threads}",
         ]
         completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
     if completed.returncode != 0:
         lines = completed.stderr.strip().splitlines() or ["no output"]
         return {"error": f"onnx peer exited with status {completed.returncode}: {lines[-1]}"}
     result = json.loads(completed.stdout.strip().splitlines()[-1])
-    result["latency_us"] = {
-        name: {int(batch): value for batch, value in row.items()} for name, row in result["latency_us"].items()
-    }
+    for key in ("latency_us", "cpu_us"):
+        result[key] = {name: {int(batch): value for batch, value in row.items()} for name, row in result[key].items()}
+        result[key.replace("_us", "_ratio_to_ort_fp32")] = ratios_to(result[key], "ort-fp32")
     return result
 
 
@@ -223,38 +234,35 @@ def evaluate_targets(results: dict) -> list[dict]:
     return targets
 
 
+def _rows(timings: dict, prefix: str, values_key: str, ratios_key: str) -> dict:
+    return {f"{prefix}{name}": (timings[values_key][name], timings[ratios_key][name]) for name in timings[values_key]}
+
+
 def report(results: dict, args) -> str:
+    """The printed tables: wall and CPU µs per call with ratios, targets, parameter bytes."""
+    environment = results["environment"]
     lines = [
-        f"jax {results['environment']['jax']}, XLA_FLAGS={results['environment']['XLA_FLAGS']!r}, "
+        f"jax {environment['jax']}, XLA_FLAGS={environment['XLA_FLAGS']!r}, "
         f"async dispatch {'on' if args.async_dispatch else 'off'}, {args.rounds} rounds, "
-        f"cpu count {os.cpu_count()}",
-        "",
+        f"cpu count {environment['cpu_count']}",
     ]
-    mlp = results["mlp"]
-    rows = {f"jax {name}": (mlp["latency_us"][name], mlp["ratio_to_fp32"][name]) for name in mlp["latency_us"]}
     ort = results.get("onnx", {})
-    note = "ratios: to jax fp32 at the same batch."
-    if "latency_us" in ort:
-        for name, latency in ort["latency_us"].items():
-            reference = ort["latency_us"]["ort-fp32"] if "ort-fp32" in ort["latency_us"] else latency
-            rows[f"{name} *"] = (latency, {batch: value / reference[batch] for batch, value in latency.items()})
-        note += " * separate process (bench/onnx_peer.py); ratio to ort-fp32 of that process."
-    elif "error" in ort:
-        note += f" ONNX peer: {ort['error']}"
-    else:
-        note += " ONNX peer: skipped."
-    lines += format_table(
-        f"MLP {MLP_INPUT_SIZE}-{'-'.join(map(str, MLP_LAYER_SIZES))}: median latency µs (ratio)",
-        rows, args.mlp_batches, note,
-    )
-    lines.append("")
-    cnn = results["cnn"]
-    rows = {f"jax {name}": (cnn["latency_us"][name], cnn["ratio_to_fp32"][name]) for name in cnn["latency_us"]}
-    lines += format_table(
-        f"Nature CNN + {NUM_ACTIONS}-action head, uint8 84x84x4: median latency µs (ratio to jax fp32)",
-        rows, args.cnn_batches,
-    )
-    lines += ["", "targets"]
+    mlp_title = f"MLP {MLP_INPUT_SIZE}-{'-'.join(map(str, MLP_LAYER_SIZES))}"
+    cnn_title = f"Nature CNN + {NUM_ACTIONS}-action head, uint8 84x84x4"
+    for kind, values_key, ratios_key in (("wall", "latency_us", "ratio_to_fp32"), ("CPU", "cpu_us", "cpu_ratio_to_fp32")):
+        rows = _rows(results["mlp"], "jax ", values_key, ratios_key)
+        note = "ratios: to jax fp32 at the same batch."
+        if values_key in ort:
+            rows.update({f"{name} *": row for name, row in _rows(ort, "", values_key, values_key.replace("_us", "_ratio_to_ort_fp32")).items()})
+            note += " * separate process (bench/onnx_peer.py); ratio to its ort-fp32."
+        elif "error" in ort:
+            note += f" ONNX peer: {ort['error']}"
+        else:
+            note += " ONNX peer: skipped."
+        lines += [""] + format_table(f"{mlp_title}: median {kind} µs per call (ratio)", rows, args.mlp_batches, note)
+        rows = _rows(results["cnn"], "jax ", values_key, ratios_key)
+        lines += [""] + format_table(f"{cnn_title}: median {kind} µs per call (ratio to jax fp32)", rows, args.cnn_batches)
+    lines += ["", "targets (wall-time ratios)"]
     for target in results["targets"]:
         if target["value"] is None:
             verdict = "not measured"

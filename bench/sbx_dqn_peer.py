@@ -17,6 +17,7 @@ import optax
 from sbx import DQN
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
 
 ENV_ID = "CartPole-v1"
 EVAL_SEED_OFFSET = 1_000_000
@@ -81,9 +82,11 @@ def run(steps: int, seed: int, eval_episodes: int, threshold: float, check_every
     start = time.perf_counter()
     model.learn(total_timesteps=steps, callback=callback)
     train_seconds = time.perf_counter() - start
-    eval_env = gym.make(ENV_ID)
+    eval_env = Monitor(gym.make(ENV_ID))
     eval_env.reset(seed=seed + EVAL_SEED_OFFSET)
-    returns, _ = evaluate_policy(model, eval_env, n_eval_episodes=eval_episodes, deterministic=True, return_episode_rewards=True)
+    returns, _ = evaluate_policy(
+        model, eval_env, n_eval_episodes=eval_episodes, deterministic=True, return_episode_rewards=True
+    )
     return {
         "agent": "sbx",
         "env_steps": int(model.num_timesteps),

@@ -1,9 +1,11 @@
 """Interleaved latency timing shared by the benchmark process and its out-of-process peers.
 
 Candidates are timed round-robin (the starting candidate rotates every round) so that load from
-other processes on a shared machine hits every candidate alike; the reported latency of a
-candidate is the median over rounds of its mean per-call time within a round. Imports nothing
-but the standard library, so peers that must not load JAX can use it.
+other processes on a shared machine hits every candidate alike. Per candidate and round, one
+turn of back-to-back calls gives the mean wall time per call and the mean CPU time the process
+spent per call (all its threads; time spent waiting for a core on a loaded machine is not
+counted, busy-waiting threads are); the result is the median of each over rounds. Imports
+nothing but the standard library, so peers that must not load JAX can use it.
 """
 
 import gc
@@ -22,20 +24,21 @@ def _seconds_per_call(call: Call) -> float:
 
 def interleaved_medians(
     candidates: Mapping[str, Call], rounds: int, round_seconds: float, max_calls: int = 2000
-) -> dict[str, float]:
-    """Median seconds per call of each candidate, timed round-robin over `rounds` rounds.
+) -> dict[str, dict[str, float]]:
+    """`{name: {"wall": s, "cpu": s}}`: median seconds per call over `rounds` round-robin rounds.
 
     Each call must block until its result is ready. Every candidate is called twice before
     timing starts (compilation, caches); the slowest then sets how many back-to-back calls a
-    candidate makes per round, so one candidate's turn lasts about `round_seconds`. The garbage
-    collector is paused while timing.
+    candidate makes per turn, so one turn lasts about `round_seconds`. The garbage collector
+    is paused while timing.
     """
     names = list(candidates)
     for name in names:
         candidates[name]()
     slowest = max(_seconds_per_call(candidates[name]) for name in names)
     calls = int(min(max_calls, max(1, round_seconds / max(slowest, 1e-7))))
-    per_call = {name: [] for name in names}
+    wall = {name: [] for name in names}
+    cpu = {name: [] for name in names}
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -43,11 +46,12 @@ def interleaved_medians(
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
                 call = candidates[name]
-                start = time.perf_counter()
+                cpu_start, wall_start = time.process_time(), time.perf_counter()
                 for _ in range(calls):
                     call()
-                per_call[name].append((time.perf_counter() - start) / calls)
+                wall[name].append((time.perf_counter() - wall_start) / calls)
+                cpu[name].append((time.process_time() - cpu_start) / calls)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {name: statistics.median(times) for name, times in per_call.items()}
+    return {name: {"wall": statistics.median(wall[name]), "cpu": statistics.median(cpu[name])} for name in names}

@@ -10,6 +10,7 @@ sweep (ptq/results.json, ptq/report.md, ptq/sweetspot.png) and WORKDIR/report.md
 import os
 
 from absl import flags
+from matplotlib.figure import Figure
 
 from launch import common, runs
 from qrl import io
@@ -26,13 +27,9 @@ flags.DEFINE_string("precisions", "fp32,fp16,bf16,int8,int6,int4,int3,int2,quarl
 
 
 def _plot_learning_curve(results: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     evaluations = results["evaluations"]
-    figure, axis = plt.subplots(figsize=(6.4, 3.6))
+    figure = Figure(figsize=(6.4, 3.6))
+    axis = figure.add_subplot()
     axis.plot([e["env_steps"] for e in evaluations], [e["mean"] for e in evaluations], marker="o")
     axis.set_xlabel("environment steps")
     axis.set_ylabel(f"greedy return ({results['final_eval']['episodes']} episodes)")
@@ -40,7 +37,6 @@ def _plot_learning_curve(results: dict, path: str) -> None:
     axis.grid(alpha=0.3)
     figure.tight_layout()
     io.save_figure(figure, path)
-    plt.close(figure)
 
 
 def run() -> None:

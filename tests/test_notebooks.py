@@ -53,7 +53,6 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "no notebooks found in colabs/"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
 def test_notebook_runs_at_smoke_budget(path, tmp_path):
     notebook = nbformat.read(path, as_version=4)

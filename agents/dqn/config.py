@@ -35,6 +35,7 @@ class Config:
     gamma: float = 0.99
     n_step: int = 1
     double_q: bool = True  # van Hasselt et al. 2016.
+    dueling: bool = False  # Wang et al. 2016, "Dueling Network Architectures for Deep RL".
     exploration_initial_eps: float = 1.0
     exploration_final_eps: float = 0.01  # CleanRL dqn_atari.
     exploration_fraction: float = 0.10  # of the training steps; CleanRL dqn_atari.

@@ -33,6 +33,7 @@ def make_network(config: Config, observation_shape: Sequence[int], num_actions: 
         torso=torso_for_observation(observation_shape),
         hidden_sizes=tuple(config.hidden_sizes),
         precision=precision,
+        dueling=config.dueling,
     )
 
 

@@ -11,15 +11,25 @@ from qrl.quant import FP32, Precision
 
 
 class QNetwork(nn.Module):
-    """Observations `[B, ...]` -> Q-values `[B, num_actions]` (float32 at every precision)."""
+    """Observations `[B, ...]` -> Q-values `[B, num_actions]` (float32 at every precision).
+
+    With `dueling` (Wang et al., 2016) the head splits into a state value `V [B, 1]` and
+    advantages `A [B, num_actions]`, `Q = V + A - mean(A)`. Besides its learning benefits this
+    keeps the action gaps in their own small-valued layer, which quantizes far better than a
+    plain head where the gap is a tiny difference of two large Q-values.
+    """
 
     num_actions: int
     torso: str = "mlp"
     hidden_sizes: Sequence[int] = (256, 256)
     precision: Precision = FP32
+    dueling: bool = False
 
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = make_torso(self.torso, self.precision, self.hidden_sizes)(observations)
-        q_values = Dense(self.num_actions, precision=self.precision, name="head")(features)
-        return q_values.astype(jnp.float32)
+        if not self.dueling:
+            return Dense(self.num_actions, precision=self.precision, name="head")(features).astype(jnp.float32)
+        value = Dense(1, precision=self.precision, name="value")(features).astype(jnp.float32)
+        advantages = Dense(self.num_actions, precision=self.precision, name="advantage")(features).astype(jnp.float32)
+        return value + advantages - jnp.mean(advantages, axis=-1, keepdims=True)

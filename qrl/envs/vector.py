@@ -97,11 +97,14 @@ class VectorEnv:
 
         An environment that was never reset starts its episode here (a FIRST row).
         """
-        actions = np.asarray(actions)
-        if actions.shape[:1] != (len(self._envs),):
-            raise QrlInputError(f"expected actions with leading dimension {len(self._envs)}, got shape {actions.shape}")
-        per_env_actions = actions.tolist() if self._discrete else actions
         count = len(self._envs)
+        actions = np.asarray(actions)
+        if self._discrete and actions.size == count:
+            per_env_actions = actions.reshape(count).tolist()
+        elif not self._discrete and actions.shape[:1] == (count,):
+            per_env_actions = actions
+        else:
+            raise ValueError(f"expected one action per environment ({count}), got shape {actions.shape}")
         final_observation = np.empty(self._obs_shape, self._obs_dtype)
         reward = np.empty(count, np.float32)
         discount = np.empty(count, np.float32)

@@ -70,6 +70,12 @@ class Precision:
         return 2 ** (self.bits - 1) - 1
 
     @property
+    def packed_bits(self) -> int:
+        """Bits per weight in a bit-packed format: N for `int<N>`; N + 1 for `quarl<N>`, whose
+        rounded values span 2^N + 1 levels (the range is |min| + |max| wide in steps of d)."""
+        return self.bits + 1 if self.weight_rule == "quarl" else self.bits
+
+    @property
     def storage_dtype(self) -> np.dtype:
         """Smallest signed integer type holding every quantized weight (float dtype if float)."""
         if self.is_float:

@@ -3,12 +3,9 @@
 import os
 from typing import Mapping, Optional
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (after choosing the headless backend)
-
-from qrl import io  # noqa: E402
+from qrl import io
 
 
 def _format(value, digits: int = 2) -> str:
@@ -26,7 +23,8 @@ def markdown_table(sweep: Mapping) -> str:
         (key for key in rows[0] if key.startswith("latency_us_batch")), key=lambda k: int(k.rsplit("batch", 1)[1])
     )
     divergence_keys = ["kl_divergence", "action_agreement"] if sweep["divergence"] == "categorical" else ["mean_action_distance"]
-    header = ["precision", "bits", "return (mean ± std)", "E", *divergence_keys, "param bytes", "bytes / fp32"]
+    header = ["precision", "bits", "return (mean ± std)", "E", *divergence_keys, "param bytes", "packed bytes",
+              "bytes / fp32"]
     header += [f"latency µs (batch {key.rsplit('batch', 1)[1]})" for key in latency_keys]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
@@ -37,6 +35,7 @@ def markdown_table(sweep: Mapping) -> str:
             _format(row["relative_error"], 3),
             *[_format(row[key], 4) for key in divergence_keys],
             str(row["param_bytes"]),
+            str(row["packed_param_bytes"]),
             _format(row["bytes_ratio_to_fp32"], 3),
             *[f"{row[key]:.0f} ({row[key.replace('us', 'ratio')]:.2f}×)" for key in latency_keys],
         ]
@@ -44,9 +43,15 @@ def markdown_table(sweep: Mapping) -> str:
     return "\n".join(lines)
 
 
-def plot_sweetspot(sweep: Mapping, path: str, title: Optional[str] = None) -> None:
-    """Mean return (± std) against bits per weight, one series per quantization family."""
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+def plot_sweetspot(sweep: Mapping, path: Optional[str] = None, title: Optional[str] = None) -> Figure:
+    """Mean return (± std) against bits per weight, one series per quantization family; the
+    fp32 return is a dashed reference line. Saved atomically to `path` when given.
+
+    Built on `matplotlib.figure.Figure` (no pyplot), so it neither needs nor changes a backend:
+    in a notebook, display the returned figure.
+    """
+    figure = Figure(figsize=(6.4, 4.2))
+    axis = figure.add_subplot()
     families = {"float": ("fp32 / fp16 / bf16", "o"), "symmetric": ("int-N (weights + activations)", "s"),
                 "quarl": ("QuaRL rule (weights only)", "^")}
     for family, (label, marker) in families.items():
@@ -60,10 +65,17 @@ def plot_sweetspot(sweep: Mapping, path: str, title: Optional[str] = None) -> No
             marker=marker,
             capsize=3,
             label=label,
+            linestyle="none" if family == "float" else "-",
         )
+        seen_bits: dict = {}
         for row in rows:
+            offset = 4 + 10 * seen_bits.get(row["bits"], 0)  # fp16 and bf16 share 16 bits.
+            seen_bits[row["bits"]] = seen_bits.get(row["bits"], 0) + 1
             axis.annotate(row["precision"], (row["bits"], row["mean_return"]), textcoords="offset points",
-                          xytext=(4, 4), fontsize=7)
+                          xytext=(4, offset), fontsize=7)
+    reference = next((row for row in sweep["results"] if row["precision"] == "fp32"), None)
+    if reference is not None:
+        axis.axhline(reference["mean_return"], color="gray", linestyle="--", linewidth=1, label="fp32 return")
     axis.set_xscale("log", base=2)
     axis.set_xlabel("bits per weight")
     axis.set_ylabel(f"return over {sweep['episodes']} episodes")
@@ -71,8 +83,9 @@ def plot_sweetspot(sweep: Mapping, path: str, title: Optional[str] = None) -> No
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
     figure.tight_layout()
-    io.save_figure(figure, path)
-    plt.close(figure)
+    if path is not None:
+        io.save_figure(figure, path)
+    return figure
 
 
 def write_ptq_outputs(sweep: Mapping, out_dir: str, title: Optional[str] = None) -> dict:
