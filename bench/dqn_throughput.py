@@ -7,8 +7,9 @@ with global-norm clipping at 10) with one environment. Each run is its own subpr
 sbx alternating round by round so machine load hits both alike; sbx runs in `.venv-bench`
 (`make bench-deps`). Per run: environment steps/s over the training loop, train seconds, greedy
 evaluation return and seconds until the mean of the last 10 training episodes first reached
-`--threshold` (checked every 1000 steps); then the median steps/s ratio qrl/sbx against the
-target.
+`--threshold` (195, checked every 1000 steps; these epsilon-0.04 training returns hover around
+100-250 late in training, so the crossing is noisy); then the median steps/s ratio qrl/sbx
+against the target.
 
 Not matched exactly: sbx collects whole `train_freq` rollouts, so it runs ceil(steps/256)*256
 steps and one more training phase (steps/s uses each run's own step count); sbx acts uniformly
@@ -21,6 +22,7 @@ update of each phase; evaluation episodes are seeded differently.
 """
 
 import argparse
+import csv
 import json
 import os
 import statistics
@@ -47,7 +49,7 @@ def train_qrl(steps: int, seed: int, eval_episodes: int, threshold: float) -> di
 
     config = config_for(ENV_ID).replace(double_q=False)  # SB3 / sbx DQN is not double DQN.
     with tempfile.TemporaryDirectory(prefix="qrl-dqn-bench-") as workdir:
-        state, results = train(
+        _, results = train(
             ENV_ID, config, steps=steps, seed=seed, workdir=workdir,
             eval_episodes=eval_episodes, log_every=CHECK_EVERY, progress=False,
         )
@@ -66,8 +68,6 @@ def train_qrl(steps: int, seed: int, eval_episodes: int, threshold: float) -> di
 
 def first_crossing(metrics_csv: str, threshold: float) -> Optional[float]:
     """Train seconds at the first metrics row whose 10-episode mean return reaches `threshold`."""
-    import csv
-
     with open(metrics_csv, newline="", encoding="utf-8") as metrics_file:
         for row in csv.DictReader(metrics_file):
             episode_return, steps_per_second = row.get("episode_return"), row.get("steps_per_second")
@@ -112,7 +112,8 @@ def summarize(runs: list[dict], target: float) -> tuple[dict, str]:
     }
     if "sbx" not in medians:
         return {"medians": medians, "ratio": None, "target": target, "passed": None}, (
-            f"median steps/s: qrl {medians['qrl']:.1f}; sbx not run, ratio qrl/sbx (target >= {target:g}x): not measured"
+            f"median steps/s: qrl {medians['qrl']:.1f}; "
+            f"sbx not run, ratio qrl/sbx (target >= {target:g}x): not measured"
         )
     ratio = medians["qrl"] / medians["sbx"]
     passed = ratio >= target
@@ -128,7 +129,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="qrl, sbx pairs, alternating")
     parser.add_argument("--seed", type=int, default=0, help="round r trains with seed + r")
     parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--threshold", type=float, default=475.0, help="10-episode mean training return")
+    parser.add_argument(
+        "--threshold", type=float, default=195.0, help="10-episode mean training return (CartPole-v0's solved)"
+    )
     parser.add_argument("--target", type=float, default=3.0, help="wanted steps/s ratio qrl/sbx")
     parser.add_argument("--peer-python", default=DEFAULT_PEER_PYTHON, help="python of the sbx virtual env")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps, 1 round; smoke test")

@@ -51,7 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cnn_batches", default="1,32,256")
     parser.add_argument("--cnn_4096", action="store_true", help="also time the CNN at batch 4096 (slow)")
     parser.add_argument("--no_onnx", action="store_true", help="skip the ONNX Runtime / numpy peer process")
-    parser.add_argument("--ort_threads", type=int, default=0, help="ORT intra-op threads per session; 0: ORT default")
+    parser.add_argument(
+        "--ort_threads", type=int, default=1, help="ORT intra-op threads per session (0: ORT's default, one per core)"
+    )
     parser.add_argument(
         "--single_thread_eigen",
         action=argparse.BooleanOptionalAction,

@@ -16,6 +16,9 @@ Candidates:
 - `ort-int8-static`: `quantize_static` to a QDQ graph (int8 weights per output channel, uint8
   activations with MinMax-calibrated scales; ORT fuses QDQ pairs into QLinearMatMul/QGemm).
 - `numpy-fp32`: `x @ W + b` and `np.maximum`, timed at batch 1 by default.
+
+Sessions run with one intra-op thread by default: on the shared 2-vCPU machine ORT's default
+pool (one spinning thread per core, per session) was slower at every batch size and erratic.
 """
 
 import argparse
@@ -129,7 +132,12 @@ def main(argv=None) -> None:
         default="1",
         help="batch sizes numpy is timed at (its multi-threaded BLAS fights ORT's threads on a loaded machine)",
     )
-    parser.add_argument("--ort_threads", type=int, default=0, help="intra-op threads per session; 0: ORT's default")
+    parser.add_argument(
+        "--ort_threads",
+        type=int,
+        default=1,
+        help="intra-op threads per session (0: ORT's default, one per core, which was slower and erratic here)",
+    )
     parser.add_argument("--no_ort", action="store_true", help="numpy only (onnxruntime not needed)")
     args = parser.parse_args(argv)
 

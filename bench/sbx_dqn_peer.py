@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--threshold", type=float, default=475.0)
+    parser.add_argument("--threshold", type=float, default=195.0)
     parser.add_argument("--check-every", type=int, default=1_000)
     args = parser.parse_args()
     print(json.dumps(run(args.steps, args.seed, args.eval_episodes, args.threshold, args.check_every)))

@@ -191,7 +191,9 @@ class Checkpointer:
         return os.path.join(self.directory, str(step))
 
     def _corrupt_error(self, step: int, cause: Any) -> QrlInputError:
-        return QrlInputError(f"corrupt checkpoint in {self._step_directory(step)}: {_one_line(cause)}")
+        return QrlInputError(
+            f"corrupt checkpoint in {self._step_directory(step)}: {_one_line(cause)}"
+        )
 
 
 def _shape_of(leaf: Any) -> Tuple[int, ...]:

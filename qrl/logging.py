@@ -32,7 +32,9 @@ class MetricsLogger:
         try:
             os.makedirs(self.workdir, exist_ok=True)
         except OSError as error:
-            raise QrlInputError(f"cannot create workdir {self.workdir}: {error.strerror}") from error
+            raise QrlInputError(
+                f"cannot create workdir {self.workdir}: {error.strerror}"
+            ) from error
         self._drop_partial_last_row()
         self._columns = self._read_existing_columns()
         self._csv_file = open(self.csv_path, "a", newline="", encoding="utf-8")
@@ -202,7 +204,9 @@ class ProgressBar:
         self.close()
 
     def _postfix_text(self) -> str:
-        return ", ".join(f"{name}={_format_postfix(value)}" for name, value in self._postfix.items())
+        return ", ".join(
+            f"{name}={_format_postfix(value)}" for name, value in self._postfix.items()
+        )
 
     def _maybe_print_summary(self) -> None:
         if not self._print_summaries:
@@ -212,7 +216,7 @@ class ProgressBar:
             self._print_summary(now, final=False)
 
     def _print_summary(self, now: float, final: bool) -> None:
-        """Prints one line: steps done, percentage, recent (or overall, when final) rate, postfix."""
+        """Prints one line: steps done, percent, recent (overall when final) rate, postfix."""
         if final:
             elapsed = now - self._start_time
             steps = self._steps_done

@@ -126,3 +126,16 @@ def test_dqn_learns_cartpole():
     _, results = train("gym:CartPole-v1", config_for("gym:CartPole-v1"), steps=50_000, seed=0, eval_episodes=20,
                        progress=False)
     assert results["final_eval"]["mean"] >= 475.0, results["final_eval"]
+
+
+def test_dueling_head_combines_value_and_mean_centred_advantages():
+    config = Config(hidden_sizes=(8,), dueling=True)
+    network = learning.make_network(config, (4,), 3)
+    observations = jax.random.normal(jax.random.PRNGKey(1), (5, 4))
+    params = network.init(jax.random.PRNGKey(0), observations)["params"]
+    assert set(params) == {"torso", "value", "advantage"}
+    features = jax.nn.relu(observations @ params["torso"]["dense_0"]["kernel"] + params["torso"]["dense_0"]["bias"])
+    value = features @ params["value"]["kernel"] + params["value"]["bias"]
+    advantages = features @ params["advantage"]["kernel"] + params["advantage"]["bias"]
+    expected = value + advantages - advantages.mean(axis=-1, keepdims=True)
+    np.testing.assert_allclose(network.apply({"params": params}, observations), expected, rtol=1e-5, atol=1e-6)
