@@ -139,3 +139,21 @@ def test_dueling_head_combines_value_and_mean_centred_advantages():
     advantages = features @ params["advantage"]["kernel"] + params["advantage"]["bias"]
     expected = value + advantages - advantages.mean(axis=-1, keepdims=True)
     np.testing.assert_allclose(network.apply({"params": params}, observations), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_total_updates_and_linear_learning_rate_schedule():
+    config = config_for("gym:CartPole-v1", {"learning_rate_schedule": "linear"})
+    # training phases at steps 1000, 1256, ..., 49960: 192 phases of 128 updates.
+    assert learning.total_updates(config, 50_000) == 192 * 128
+    optimizer = learning.make_optimizer(config, num_updates=4)
+    params = {"w": jnp.ones(3)}
+    state = optimizer.init(params)
+    sizes = []
+    for _ in range(5):
+        updates, state = optimizer.update({"w": jnp.ones(3)}, state, params)
+        sizes.append(float(jnp.abs(updates["w"][0])))
+    # Adam's first step is lr-sized; the linear schedule reaches 0 after 4 updates.
+    assert sizes[0] == pytest.approx(config.learning_rate, rel=1e-3)
+    assert sizes[1] < sizes[0] and sizes[4] == 0.0
+    with pytest.raises(QrlInputError, match="learning_rate_schedule"):
+        config_for("gym:CartPole-v1", {"learning_rate_schedule": "cosine"})

@@ -1,6 +1,5 @@
 """TD losses against hand-computed values."""
 
-import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest

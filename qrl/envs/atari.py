@@ -15,7 +15,7 @@ import numpy as np
 from dm_env import specs
 from gymnasium.wrappers import AtariPreprocessing
 
-from qrl.envs.gym import DISCOUNT_SPEC, REWARD_SPEC
+from qrl.envs.base import AdapterEnvironment
 from qrl.envs.ids import check_options, one_line, unknown_id_error
 from qrl.errors import QrlInputError
 
@@ -33,7 +33,7 @@ _LAST = dm_env.StepType.LAST
 _TimeStep = dm_env.TimeStep
 
 
-class AtariEnvironment(dm_env.Environment):
+class AtariEnvironment(AdapterEnvironment):
     """A preprocessed ALE game: uint8 `[84, 84, 4]` observations, discrete actions.
 
     With `episodic_life`, losing a life ends the `dm_env` episode with discount 0, but the
@@ -110,21 +110,6 @@ class AtariEnvironment(dm_env.Environment):
             self._needs_reset = True
             return _TimeStep(_LAST, float(reward), 0.0, obs)
         return _TimeStep(_MID, float(reward), 1.0, obs)
-
-    def observation_spec(self) -> specs.BoundedArray:
-        return self._observation_spec
-
-    def action_spec(self) -> specs.DiscreteArray:
-        return self._action_spec
-
-    def reward_spec(self) -> specs.Array:
-        return REWARD_SPEC
-
-    def discount_spec(self) -> specs.BoundedArray:
-        return DISCOUNT_SPEC
-
-    def close(self) -> None:
-        self._env.close()
 
 
 def known_names() -> list[str]:

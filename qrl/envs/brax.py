@@ -19,7 +19,7 @@ from brax import envs as brax_envs
 from brax.envs.wrappers import training
 from dm_env import specs
 
-from qrl.envs.gym import DISCOUNT_SPEC, REWARD_SPEC
+from qrl.envs.base import AdapterEnvironment
 from qrl.envs.ids import check_options, one_line, unknown_id_error
 from qrl.envs.vector import BatchedTimeStep
 from qrl.errors import QrlInputError
@@ -104,7 +104,7 @@ def _action_bounds(env: brax_envs.Env, action_size: int) -> tuple[np.ndarray, np
     return ctrl_range[:, 0].copy(), ctrl_range[:, 1].copy()
 
 
-class BraxEnvironment(dm_env.Environment):
+class BraxEnvironment(AdapterEnvironment):
     """A batch of N brax envs behind jitted `reset()` / `step(actions [N, A])`.
 
     Both return `BatchedTimeStep`s of device arrays (`observation` float32 `[N, D]`); specs
@@ -181,14 +181,6 @@ class BraxEnvironment(dm_env.Environment):
             self._observation_spec = specs.Array((size,), np.float32, name="observation")
         return self._observation_spec
 
-    def action_spec(self) -> specs.BoundedArray:
-        return self._action_spec
-
-    def reward_spec(self) -> specs.Array:
-        return REWARD_SPEC
-
-    def discount_spec(self) -> specs.BoundedArray:
-        return DISCOUNT_SPEC
 
 
 def make(name: str, seed: int, **options) -> BraxEnvironment:

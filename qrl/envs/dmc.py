@@ -11,7 +11,7 @@ import numpy as np
 from dm_control import suite
 from dm_env import specs
 
-from qrl.envs.gym import DISCOUNT_SPEC, REWARD_SPEC
+from qrl.envs.base import AdapterEnvironment
 from qrl.envs.ids import check_options, unknown_id_error
 from qrl.errors import QrlInputError
 
@@ -20,7 +20,7 @@ OPTIONS = ("time_limit", "environment_kwargs")
 _TimeStep = dm_env.TimeStep
 
 
-class DmcEnvironment(dm_env.Environment):
+class DmcEnvironment(AdapterEnvironment):
     """A suite task with observations flattened to float32 `[D]` and float32 actions.
 
     `task_kwargs={"random": seed}` seeds the task once, so resets continue its RNG and a fresh
@@ -66,21 +66,6 @@ class DmcEnvironment(dm_env.Environment):
 
     def step(self, action) -> dm_env.TimeStep:
         return self._convert(self._env.step(action))
-
-    def observation_spec(self) -> specs.Array:
-        return self._observation_spec
-
-    def action_spec(self) -> specs.BoundedArray:
-        return self._action_spec
-
-    def reward_spec(self) -> specs.Array:
-        return REWARD_SPEC
-
-    def discount_spec(self) -> specs.BoundedArray:
-        return DISCOUNT_SPEC
-
-    def close(self) -> None:
-        self._env.close()
 
 
 def known_names() -> list[str]:

@@ -12,6 +12,7 @@ import gymnasium
 import numpy as np
 from dm_env import specs
 
+from qrl.envs.base import AdapterEnvironment
 from qrl.envs.ids import one_line, unknown_id_error
 from qrl.errors import QrlInputError
 
@@ -20,8 +21,6 @@ _MID = dm_env.StepType.MID
 _LAST = dm_env.StepType.LAST
 _TimeStep = dm_env.TimeStep
 
-REWARD_SPEC = specs.Array((), np.float32, name="reward")
-DISCOUNT_SPEC = specs.BoundedArray((), np.float32, 0.0, 1.0, name="discount")
 
 
 def observation_converter(space: gymnasium.Space) -> tuple[Optional[Callable[[Any], np.ndarray]], int]:
@@ -57,7 +56,7 @@ def action_spec_for(space: gymnasium.Space) -> specs.Array:
     raise QrlInputError(f"action space {space} is not supported (only Discrete and Box)")
 
 
-class GymEnvironment(dm_env.Environment):
+class GymEnvironment(AdapterEnvironment):
     """A gymnasium env speaking `dm_env`: float32 `[D]` observations, terminal discount 0.
 
     Termination gives `dm_env.termination` (discount 0), truncation (time limit) gives
@@ -105,21 +104,6 @@ class GymEnvironment(dm_env.Environment):
             self._needs_reset = True
             return _TimeStep(_LAST, float(reward), 1.0, obs)
         return _TimeStep(_MID, float(reward), 1.0, obs)
-
-    def observation_spec(self) -> specs.Array:
-        return self._observation_spec
-
-    def action_spec(self) -> specs.Array:
-        return self._action_spec
-
-    def reward_spec(self) -> specs.Array:
-        return REWARD_SPEC
-
-    def discount_spec(self) -> specs.BoundedArray:
-        return DISCOUNT_SPEC
-
-    def close(self) -> None:
-        self._env.close()
 
 
 def known_names() -> list[str]:
