@@ -27,5 +27,16 @@ test: $(INSTALLED)
 test-all: $(INSTALLED)
 	$(PY) -m pytest
 
+$(BENCH_VENV)/.installed: requirements-bench.txt
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet -r requirements-bench.txt
+	touch $@
+
+bench-deps: $(BENCH_VENV)/.installed
+
+bench: $(INSTALLED) $(BENCH_VENV)/.installed
+	$(PY) -m bench.inference
+	$(PY) -m bench.dqn_throughput
+
 clean:
 	rm -rf runs MUJOCO_LOG.TXT

@@ -27,7 +27,7 @@ flags.DEFINE_bool("progress", True, "Show a progress bar (periodic one-line summ
 
 
 def run() -> None:
-    common.synchronous_dispatch()
+    common.configure_jax()
     results = runs.train_run(
         FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, common.require_workdir(FLAGS.workdir),
         overrides=common.parse_overrides(FLAGS.set), overwrite=FLAGS.overwrite, num_envs=FLAGS.num_envs,
