@@ -12,6 +12,15 @@ inflates them, DESIGN.md §6) on the same weights, passed through a temporary .n
 
 Models: MLP 17 -> 256 -> 256 -> 6 (ReLU, no final activation) on float observations, and the
 Nature CNN torso ([B, 84, 84, 4] uint8 frames -> 512) with a 6-action `qrl.networks.Dense` head.
+
+Two times per candidate: wall time (the latency; the targets use it) and the CPU time of the
+process per call, which leaves out waiting for a core and so stays steadier on a loaded machine
+(it counts every thread: above wall time means the call ran on several threads).
+
+Threading knobs, read when JAX starts its CPU backend: async dispatch off by default (an actor's
+per-call latency: ≈11 µs instead of 35-55 µs for the batch-1 MLP here); `--xla_threads=1`
+(PJRT_NPROC) keeps XLA's int8 (YNNPACK) kernels on one thread, which made int8 faster than fp32
+from batch 32 on this 2-vCPU machine; `--single_thread_eigen` changed nothing measurable.
 """
 
 import argparse
@@ -39,18 +48,27 @@ SINGLE_THREAD_EIGEN_FLAG = "--xla_cpu_multi_thread_eigen=false"
 # (model, batch, bound on int8 latency / fp32 latency).
 INT8_TARGETS = (("mlp", 4096, 0.65), ("cnn", 32, 0.5))
 JAX_OVER_ORT_BATCH1_TARGET = 2.0
+FULL_DEFAULTS = {"rounds": 20, "round_seconds": 0.01, "mlp_batches": "1,32,256,4096", "cnn_batches": "1,32,256"}
+QUICK_DEFAULTS = {"rounds": 3, "round_seconds": 0.005, "mlp_batches": "1,32", "cnn_batches": "1"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 rounds, MLP batches 1,32, CNN batch 1 (smoke test)")
+    parser.add_argument(
+        "--quick", action="store_true", help="defaults for a smoke test: 3 short rounds, MLP batches 1,32, CNN batch 1"
+    )
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-    parser.add_argument("--rounds", type=int, default=20, help="round-robin rounds per batch size")
-    parser.add_argument("--round_seconds", type=float, default=0.01, help="time of one candidate's turn")
-    parser.add_argument("--mlp_batches", default="1,32,256,4096")
-    parser.add_argument("--cnn_batches", default="1,32,256")
+    parser.add_argument("--rounds", type=int, default=None, help="round-robin rounds per batch size (20)")
+    parser.add_argument("--round_seconds", type=float, default=None, help="time of one candidate's turn (0.01)")
+    parser.add_argument("--mlp_batches", default=None, help="comma-separated (1,32,256,4096)")
+    parser.add_argument("--cnn_batches", default=None, help="comma-separated (1,32,256)")
     parser.add_argument("--cnn_4096", action="store_true", help="also time the CNN at batch 4096 (slow)")
     parser.add_argument("--no_onnx", action="store_true", help="skip the ONNX Runtime / numpy peer process")
+    parser.add_argument(
+        "--peer_python",
+        default=sys.executable,
+        help="interpreter for bench/onnx_peer.py (one with onnx, onnxruntime, numpy; e.g. .venv-bench/bin/python)",
+    )
     parser.add_argument(
         "--ort_threads", type=int, default=1, help="ORT intra-op threads per session (0: ORT's default, one per core)"
     )
@@ -61,15 +79,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"add {SINGLE_THREAD_EIGEN_FLAG} to XLA_FLAGS before JAX starts",
     )
     parser.add_argument(
+        "--xla_threads",
+        type=int,
+        default=0,
+        help="size of XLA:CPU's intra-op thread pool (sets PJRT_NPROC before JAX starts); 0: one per core",
+    )
+    parser.add_argument(
         "--async_dispatch",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="jax_cpu_enable_async_dispatch (off by default: per-call latency, as in an actor loop)",
     )
     args = parser.parse_args(argv)
-    if args.quick:
-        args.rounds, args.round_seconds = 3, 0.005
-        args.mlp_batches, args.cnn_batches = "1,32", "1"
+    defaults = QUICK_DEFAULTS if args.quick else FULL_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     args.mlp_batches = _batch_list(args.mlp_batches)
     args.cnn_batches = _batch_list(args.cnn_batches) + ([4096] if args.cnn_4096 else [])
     return args
@@ -80,7 +105,10 @@ def _batch_list(text: str) -> list[int]:
 
 
 def configure_jax(args: argparse.Namespace):
-    """Sets XLA_FLAGS (read when JAX starts its backend), imports jax and applies dispatch mode."""
+    """Sets XLA_FLAGS and PJRT_NPROC (read when JAX starts its CPU backend), imports jax and
+    applies the dispatch mode."""
+    if args.xla_threads > 0:
+        os.environ["PJRT_NPROC"] = str(args.xla_threads)
     if args.single_thread_eigen and SINGLE_THREAD_EIGEN_FLAG not in os.environ.get("XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {SINGLE_THREAD_EIGEN_FLAG}".strip()
     import jax
@@ -90,7 +118,7 @@ def configure_jax(args: argparse.Namespace):
 
 
 def build_models(precision_name: str):
-    """(mlp, cnn_policy) flax modules at a precision named as in `PRECISIONS`."""
+    """(precision, {"mlp": module, "cnn": module}) for a precision named as in `PRECISIONS`."""
     import flax.linen as nn
 
     from qrl.networks import MLP, Dense, NatureCNN
@@ -100,21 +128,21 @@ def build_models(precision_name: str):
     precision = parse_precision(base_name, activations=activations or "static")
     mlp = MLP(MLP_LAYER_SIZES, precision=precision, activate_final=False)
     cnn_policy = nn.Sequential([NatureCNN(precision=precision), Dense(NUM_ACTIONS, precision=precision)])
-    return precision, mlp, cnn_policy
+    return precision, {"mlp": mlp, "cnn": cnn_policy}
 
 
-def prepare_candidates(model_index: int, fp32_params, calibration: np.ndarray) -> dict:
+def prepare_candidates(model_name: str, fp32_params, calibration: np.ndarray) -> dict:
     """precision name -> (jitted `apply(params, x)`, params on device, parameter bytes)."""
     import jax
 
     from qrl.quant import calibrate, param_bytes, quantize_params
 
-    fp32_model = build_models("fp32")[1 + model_index]
+    fp32_model = build_models("fp32")[1][model_name]
     ranges = calibrate(fp32_model.apply, fp32_params, calibration)
     candidates = {}
     for name in PRECISIONS:
-        precision, *models = build_models(name)
-        model = models[model_index]
+        precision, models = build_models(name)
+        model = models[model_name]
         params = quantize_params(fp32_params, precision, ranges)
         apply = jax.jit(lambda params, x, model=model: model.apply({"params": params}, x))
         candidates[name] = (apply, jax.device_put(params), param_bytes(params))
@@ -173,14 +201,17 @@ def run_onnx_peer(fp32_params, calibration: np.ndarray, batches: list[int], args
         weights_path = os.path.join(directory, "mlp_weights.npz")
         np.savez(weights_path, **arrays)
         command = [
-            sys.executable, "-m", "bench.onnx_peer",
+            args.peer_python, "-m", "bench.onnx_peer",
             f"--weights={weights_path}",
             f"--batches={','.join(map(str, batches))}",
             f"--rounds={args.rounds}",
             f"--round_seconds={args.round_seconds}",
             f"--ort_threads={args.ort_threads}",
         ]
-        completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+        try:
+            completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+        except OSError as error:
+            return {"error": f"cannot start {args.peer_python}: {error}"}
     if completed.returncode != 0:
         lines = completed.stderr.strip().splitlines() or ["no output"]
         return {"error": f"onnx peer exited with status {completed.returncode}: {lines[-1]}"}
@@ -222,9 +253,10 @@ def evaluate_targets(results: dict) -> list[dict]:
     ort = results.get("onnx", {})
     jax_fp32 = results["mlp"]["latency_us"]["fp32"].get(1)
     ort_fp32 = ort.get("latency_us", {}).get("ort-fp32", {}).get(1)
+    jax_fp32_host_io = results["mlp"]["latency_us"].get(HOST_IO_CANDIDATE, {}).get(1)
     for label, jax_latency in (
         ("JAX fp32 / ORT fp32 at batch 1", jax_fp32),
-        ("JAX fp32 (numpy in/out) / ORT fp32 at batch 1", results["mlp"]["latency_us"].get(HOST_IO_CANDIDATE, {}).get(1)),
+        ("JAX fp32 (numpy in/out) / ORT fp32 at batch 1", jax_fp32_host_io),
     ):
         ratio = None if jax_latency is None or ort_fp32 is None else jax_latency / ort_fp32
         targets.append({
@@ -237,6 +269,7 @@ def evaluate_targets(results: dict) -> list[dict]:
 
 
 def _rows(timings: dict, prefix: str, values_key: str, ratios_key: str) -> dict:
+    """Table rows `prefix + name -> (values per batch, ratios per batch)`."""
     return {f"{prefix}{name}": (timings[values_key][name], timings[ratios_key][name]) for name in timings[values_key]}
 
 
@@ -245,17 +278,20 @@ def report(results: dict, args) -> str:
     environment = results["environment"]
     lines = [
         f"jax {environment['jax']}, XLA_FLAGS={environment['XLA_FLAGS']!r}, "
+        f"PJRT_NPROC={environment['PJRT_NPROC'] or 'unset'}, "
         f"async dispatch {'on' if args.async_dispatch else 'off'}, {args.rounds} rounds, "
         f"cpu count {environment['cpu_count']}",
     ]
     ort = results.get("onnx", {})
     mlp_title = f"MLP {MLP_INPUT_SIZE}-{'-'.join(map(str, MLP_LAYER_SIZES))}"
     cnn_title = f"Nature CNN + {NUM_ACTIONS}-action head, uint8 84x84x4"
-    for kind, values_key, ratios_key in (("wall", "latency_us", "ratio_to_fp32"), ("CPU", "cpu_us", "cpu_ratio_to_fp32")):
+    kinds = (("wall", "latency_us", "ratio_to_fp32"), ("CPU", "cpu_us", "cpu_ratio_to_fp32"))
+    for kind, values_key, ratios_key in kinds:
         rows = _rows(results["mlp"], "jax ", values_key, ratios_key)
         note = "ratios: to jax fp32 at the same batch."
         if values_key in ort:
-            rows.update({f"{name} *": row for name, row in _rows(ort, "", values_key, values_key.replace("_us", "_ratio_to_ort_fp32")).items()})
+            ort_rows = _rows(ort, "", values_key, values_key.replace("_us", "_ratio_to_ort_fp32"))
+            rows.update({f"{name} *": row for name, row in ort_rows.items()})
             note += " * separate process (bench/onnx_peer.py); ratio to its ort-fp32."
         elif "error" in ort:
             note += f" ONNX peer: {ort['error']}"
@@ -263,7 +299,8 @@ def report(results: dict, args) -> str:
             note += " ONNX peer: skipped."
         lines += [""] + format_table(f"{mlp_title}: median {kind} µs per call (ratio)", rows, args.mlp_batches, note)
         rows = _rows(results["cnn"], "jax ", values_key, ratios_key)
-        lines += [""] + format_table(f"{cnn_title}: median {kind} µs per call (ratio to jax fp32)", rows, args.cnn_batches)
+        cnn_table = format_table(f"{cnn_title}: median {kind} µs per call (ratio to jax fp32)", rows, args.cnn_batches)
+        lines += [""] + cnn_table
     lines += ["", "targets (wall-time ratios)"]
     for target in results["targets"]:
         if target["value"] is None:
@@ -286,28 +323,29 @@ def main(argv=None) -> None:
 
     mlp_observations = rng.standard_normal((CALIBRATION_SIZE, MLP_INPUT_SIZE)).astype(np.float32)
     frames = rng.integers(0, 256, (CNN_CALIBRATION_SIZE, *CNN_FRAME_SHAPE), dtype=np.uint8)
-    _, fp32_mlp, fp32_cnn = build_models("fp32")
-    mlp_params = jax.jit(fp32_mlp.init)(jax.random.PRNGKey(0), mlp_observations[:1])["params"]
-    cnn_params = jax.jit(fp32_cnn.init)(jax.random.PRNGKey(1), frames[:1])["params"]
+    fp32_models = build_models("fp32")[1]
+    mlp_params = jax.jit(fp32_models["mlp"].init)(jax.random.PRNGKey(0), mlp_observations[:1])["params"]
+    cnn_params = jax.jit(fp32_models["cnn"].init)(jax.random.PRNGKey(1), frames[:1])["params"]
 
     results = {
         "environment": {
             "jax": jax.__version__,
             "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+            "PJRT_NPROC": os.environ.get("PJRT_NPROC", ""),
             "async_dispatch": args.async_dispatch,
             "rounds": args.rounds,
             "round_seconds": args.round_seconds,
             "cpu_count": os.cpu_count(),
         },
         "mlp": time_model(
-            prepare_candidates(0, mlp_params, mlp_observations),
+            prepare_candidates("mlp", mlp_params, mlp_observations),
             lambda batch: rng.standard_normal((batch, MLP_INPUT_SIZE)).astype(np.float32),
             args.mlp_batches,
             args,
             host_io_batches=(1,),
         ),
         "cnn": time_model(
-            prepare_candidates(1, cnn_params, frames),
+            prepare_candidates("cnn", cnn_params, frames),
             lambda batch: rng.integers(0, 256, (batch, *CNN_FRAME_SHAPE), dtype=np.uint8),
             args.cnn_batches,
             args,
@@ -315,7 +353,9 @@ def main(argv=None) -> None:
     }
     if args.no_onnx:
         results["onnx"] = {"skipped": "--no_onnx"}
-    elif importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+    elif args.peer_python == sys.executable and not all(
+        importlib.util.find_spec(name) for name in ("onnx", "onnxruntime")
+    ):
         results["onnx"] = {"error": "onnx / onnxruntime not installed (pip install -r requirements-bench.txt)"}
     else:
         results["onnx"] = run_onnx_peer(mlp_params, mlp_observations, args.mlp_batches, args)

@@ -41,7 +41,8 @@ def load_layers(path: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndar
         layers = []
         while f"kernel_{len(layers)}" in archive:
             index = len(layers)
-            layers.append((archive[f"kernel_{index}"].astype(np.float32), archive[f"bias_{index}"].astype(np.float32)))
+            kernel, bias = archive[f"kernel_{index}"], archive[f"bias_{index}"]
+            layers.append((kernel.astype(np.float32), bias.astype(np.float32)))
         calibration = archive["calibration"].astype(np.float32)
     if not layers:
         raise ValueError(f"{path}: no kernel_0 array")
@@ -59,7 +60,9 @@ def build_mlp_graph(layers: list[tuple[np.ndarray, np.ndarray]]):
             numpy_helper.from_array(np.asarray(kernel, np.float32), f"kernel_{index}"),
             numpy_helper.from_array(np.asarray(bias, np.float32), f"bias_{index}"),
         ]
-        nodes.append(helper.make_node("MatMul", [current, f"kernel_{index}"], [f"matmul_{index}"], name=f"matmul_{index}"))
+        nodes.append(
+            helper.make_node("MatMul", [current, f"kernel_{index}"], [f"matmul_{index}"], name=f"matmul_{index}")
+        )
         is_last = index == len(layers) - 1
         summed = "y" if is_last else f"add_{index}"
         nodes.append(helper.make_node("Add", [f"matmul_{index}", f"bias_{index}"], [summed], name=f"add_{index}"))
@@ -81,7 +84,13 @@ def build_mlp_graph(layers: list[tuple[np.ndarray, np.ndarray]]):
 def write_models(layers, calibration: np.ndarray, directory: str) -> dict[str, str]:
     """Writes the fp32, dynamic-int8 and static-int8 (QDQ) models; returns name -> path."""
     import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     class CalibrationReader(CalibrationDataReader):
         """Feeds the calibration observations to `quantize_static` in batches of 256."""
@@ -93,7 +102,8 @@ def write_models(layers, calibration: np.ndarray, directory: str) -> dict[str, s
             batch = next(self._batches, None)
             return None if batch is None else {"x": batch}
 
-    paths = {name: os.path.join(directory, f"{name}.onnx") for name in ("ort-fp32", "ort-int8-dynamic", "ort-int8-static")}
+    names = ("ort-fp32", "ort-int8-dynamic", "ort-int8-static")
+    paths = {name: os.path.join(directory, f"{name}.onnx") for name in names}
     onnx.save(build_mlp_graph(layers), paths["ort-fp32"])
     quantize_dynamic(paths["ort-fp32"], paths["ort-int8-dynamic"], weight_type=QuantType.QInt8)
     quantize_static(

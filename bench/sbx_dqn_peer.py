@@ -1,10 +1,14 @@
-"""sbx-rl DQN on gymnasium CartPole-v1 at the rl-baselines3-zoo hyperparameters: the peer run.
+"""sbx-rl DQN on gymnasium CartPole-v1 at fixed hyperparameters: the peer run.
 
-Runs in `.venv-bench` (sbx needs its own stable-baselines3 and torch) and imports nothing from
-this repository. Prints one JSON line with steps/s, train seconds, the greedy evaluation and the
-seconds until the mean of the last 10 training episodes first reached the return threshold.
+`--setting zoo` trains at rl-baselines3-zoo's CartPole hyperparameters (train_freq 256, gradient
+steps 128); `--setting nature` at the Nature-DQN update ratio (one update of batch 32 every 4
+environment steps, lr 1e-4, buffer 50k, target copied every 1000 environment steps). The values
+match `SETTINGS` in bench/dqn_throughput.py. Runs in `.venv-bench` (sbx needs its own
+stable-baselines3 and torch) and imports nothing from this repository. Prints one JSON line with
+steps/s, train seconds, the greedy evaluation and the seconds until the mean of the last 10
+training episodes first reached the return threshold.
 
-    .venv-bench/bin/python bench/sbx_dqn_peer.py --steps 50000 --seed 0
+    .venv-bench/bin/python bench/sbx_dqn_peer.py --setting nature --steps 50000 --seed 0
 """
 
 import argparse
@@ -38,6 +42,22 @@ ZOO_HYPERPARAMETERS = dict(
     exploration_final_eps=0.04,
 )
 
+# Nature DQN's update ratio (Mnih et al. 2015) with SB3's DQN defaults, scaled to CartPole.
+NATURE_HYPERPARAMETERS = dict(
+    learning_rate=1e-4,
+    batch_size=32,
+    buffer_size=50_000,
+    learning_starts=1_000,
+    gamma=0.99,
+    target_update_interval=1_000,
+    train_freq=4,
+    gradient_steps=1,
+    exploration_fraction=0.1,
+    exploration_final_eps=0.05,
+)
+
+SETTINGS = {"zoo": ZOO_HYPERPARAMETERS, "nature": NATURE_HYPERPARAMETERS}
+
 
 def clipped_adam(learning_rate: float) -> optax.GradientTransformation:
     """Adam after global-norm clipping, as SB3's torch DQN and qrl's DQN optimize."""
@@ -68,15 +88,15 @@ class ReturnThreshold(BaseCallback):
         return True
 
 
-def run(steps: int, seed: int, eval_episodes: int, threshold: float, check_every: int) -> dict:
-    """Trains sbx DQN for `steps` environment steps and evaluates it greedily."""
+def run(setting: str, steps: int, seed: int, eval_episodes: int, threshold: float, check_every: int) -> dict:
+    """Trains sbx DQN at `setting` for `steps` environment steps and evaluates it greedily."""
     model = DQN(
         "MlpPolicy",
         gym.make(ENV_ID),
         policy_kwargs=dict(net_arch=[256, 256], optimizer_class=clipped_adam),
         seed=seed,
         verbose=0,
-        **ZOO_HYPERPARAMETERS,
+        **SETTINGS[setting],
     )
     callback = ReturnThreshold(threshold, check_every)
     start = time.perf_counter()
@@ -101,13 +121,14 @@ def run(steps: int, seed: int, eval_episodes: int, threshold: float, check_every
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default="zoo")
     parser.add_argument("--steps", type=int, default=50_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--threshold", type=float, default=195.0)
     parser.add_argument("--check-every", type=int, default=1_000)
     args = parser.parse_args()
-    print(json.dumps(run(args.steps, args.seed, args.eval_episodes, args.threshold, args.check_every)))
+    print(json.dumps(run(args.setting, args.steps, args.seed, args.eval_episodes, args.threshold, args.check_every)))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def test_interleaved_medians_calls_every_candidate_alike():
     medians = interleaved_medians({name: make_call(name) for name in counts}, rounds=4, round_seconds=1e-9)
 
     assert set(medians) == {"a", "b"}
-    assert all(value >= 0 for value in medians.values())
+    assert all(set(times) == {"wall", "cpu"} and min(times.values()) >= 0 for times in medians.values())
     assert counts["a"] == counts["b"] == 1 + 1 + 4  # warm-up, per-call estimate, one call per round
 
 
@@ -81,6 +81,7 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
         latency = results[model]["latency_us"]
         assert set(JAX_ROWS) <= {f"jax {name} " for name in latency}
         assert all(value > 0 for row in latency.values() for value in row.values())
+        assert set(results[model]["cpu_us"]) == set(latency)
         sizes = results[model]["param_bytes"]
         assert sizes["int8-static"] < 0.3 * sizes["fp32"] and sizes["bf16"] == sizes["fp32"] // 2
     assert results["mlp"]["max_abs_error_vs_fp32"]["int8-static"]["32"] < 0.1

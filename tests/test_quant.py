@@ -177,7 +177,10 @@ def test_float_precisions_cast_params_and_compute():
         cast = quantize_params(params, precision)
         assert all(leaf.dtype == dtype for leaf in jax.tree.leaves(cast))
         out = MLP((16, 3), precision=precision, activate_final=False).apply({"params": cast}, x)
-        assert out.dtype == dtype
+        assert out.dtype == jnp.float32  # dtype operands, float32 accumulation
+        dots = _integer_ops(lambda x: MLP((16, 3), precision=precision, activate_final=False).apply(
+            {"params": cast}, x), x, primitive="dot_general")
+        assert dots and all(operands == [dtype, dtype] and result == jnp.float32 for operands, result in dots)
         np.testing.assert_allclose(np.asarray(out, np.float32), reference, atol=0.05, rtol=0.05)
 
 
