@@ -35,7 +35,7 @@ $(BENCH_VENV)/.installed: requirements-bench.txt
 bench-deps: $(BENCH_VENV)/.installed
 
 bench: $(INSTALLED) $(BENCH_VENV)/.installed
-	$(PY) -m bench.inference
+	$(PY) -m bench.inference --peer_python=$(BENCH_VENV)/bin/python
 	$(PY) -m bench.dqn_throughput
 
 clean:
