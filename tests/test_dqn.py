@@ -157,3 +157,13 @@ def test_total_updates_and_linear_learning_rate_schedule():
     assert sizes[1] < sizes[0] and sizes[4] == 0.0
     with pytest.raises(QrlInputError, match="learning_rate_schedule"):
         config_for("gym:CartPole-v1", {"learning_rate_schedule": "cosine"})
+
+
+def test_dqn_trains_with_several_environments_per_process():
+    config = config_for("gym:CartPole-v1", {"learning_starts": 200, "train_freq": 64, "gradient_steps": 4})
+    state, results = train("gym:CartPole-v1", config, steps=1_000, seed=1, num_envs=4, eval_episodes=2,
+                           progress=False)
+    assert results["env_steps"] == 1_000
+    # phases at 200, 264, ..., 968: 13 phases of 4 updates
+    assert int(state.updates) == 13 * 4
+    assert results["episodes"] > 4 * 1_000 / 500  # CartPole episodes are short at first
