@@ -1,9 +1,7 @@
 """What the entry points share: flag parsing with exit status 2 on bad input, dispatch mode."""
 
-import os
 from typing import Any, Callable, Optional, Sequence
 
-import jax
 from absl import app, flags, logging
 
 from qrl.errors import QrlInputError, exit_on_input_error, fail
@@ -27,21 +25,6 @@ def run_entry_point(run: Callable[[], Any]) -> None:
         exit_on_input_error(run)
 
     app.run(main, flags_parser=_parse_flags_or_fail)
-
-
-def configure_jax() -> None:
-    """JAX settings for the entry points.
-
-    - Synchronous dispatch: host loops make one tiny jitted call per environment step, and
-      async dispatch costs more than it hides there (measured ≈65 µs -> ≈12 µs per call).
-    - A persistent compilation cache (`QRL_JAX_CACHE`, default ~/.cache/qrl/jax): the second
-      run of the same program skips XLA compilation (the first update call took 1.2 s cold,
-      0.3 s warm).
-    """
-    jax.config.update("jax_cpu_enable_async_dispatch", False)
-    cache_dir = os.environ.get("QRL_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "qrl", "jax"))
-    jax.config.update("jax_compilation_cache_dir", cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 def require_workdir(workdir: Optional[str]) -> str:

@@ -40,7 +40,6 @@ def _plot_learning_curve(results: dict, path: str) -> None:
 
 
 def run() -> None:
-    common.configure_jax()
     workdir = FLAGS.workdir
     print(f"Training DQN on {FLAGS.env} for {FLAGS.steps} steps (fp32) ...", flush=True)
     results = runs.train_run(

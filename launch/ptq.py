@@ -27,7 +27,6 @@ flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/ptq).")
 
 
 def run() -> None:
-    common.configure_jax()
     _, paths = runs.ptq_run(
         common.require_workdir(FLAGS.workdir), FLAGS.precisions, FLAGS.episodes, seed=FLAGS.seed,
         activations=FLAGS.activations, calibration_steps=FLAGS.calibration_steps,

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 
 import qrl
 from launch.common import require_workdir
-from qrl import envs, io
+from qrl import envs, io, runtime
 from qrl.checkpointing import Checkpointer
 from qrl.errors import QrlInputError
 from qrl.quant import parse_precisions
@@ -83,12 +83,14 @@ def train_run(
     workdir: str,
     overrides: Optional[Mapping[str, Any]] = None,
     overwrite: bool = False,
+    xla_threads: Optional[int] = None,
     **train_options: Any,
 ) -> dict:
     """Trains `agent_name` on `env_id` into `workdir`: config.json first, results.json last.
 
     `train_options` go to the agent's `train` (num_envs, eval_episodes, eval_every,
-    checkpoint_every, progress).
+    checkpoint_every, progress). `xla_threads` sizes XLA:CPU's thread pool (None: one thread
+    for vector observations, the default pool for images; see `qrl.runtime`).
     """
     from agents import get_agent
 
@@ -97,6 +99,9 @@ def train_run(
         raise QrlInputError(f"steps must be >= 1, got {steps}")
     env = envs.make(env_id, seed=seed)
     agent.check_env(env_id, env.action_spec())
+    if xla_threads is None:
+        xla_threads = runtime.recommended_xla_threads(env.observation_spec().shape)
+    runtime.configure_jax(xla_threads)
     env.close()
     config = agent.config_for(env_id, overrides or {})
     prepare_workdir(workdir, overwrite)
@@ -134,6 +139,7 @@ def ptq_run(
                         ("divergence_steps", divergence_steps)):
         if value < 1:
             raise QrlInputError(f"{name} must be >= 1, got {value}")
+    runtime.configure_jax()
     restored = restore_run(workdir)
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)
     sweep = run_sweep(

@@ -23,14 +23,16 @@ flags.DEFINE_integer("eval_every", 0, "Evaluate every N environment steps (0: on
 flags.DEFINE_integer("checkpoint_every", 0, "Checkpoint every N environment steps (0: only at the end).")
 flags.DEFINE_multi_string("set", [], "Agent config override key=value (repeatable), e.g. --set=learning_rate=1e-3.")
 flags.DEFINE_bool("overwrite", False, "Replace a run already in --workdir.")
+flags.DEFINE_integer("xla_threads", None,
+                     "XLA:CPU thread pool size (default: 1 for vector observations, one per core for images).")
 flags.DEFINE_bool("progress", True, "Show a progress bar (periodic one-line summaries when not on a terminal).")
 
 
 def run() -> None:
-    common.configure_jax()
     results = runs.train_run(
         FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, common.require_workdir(FLAGS.workdir),
-        overrides=common.parse_overrides(FLAGS.set), overwrite=FLAGS.overwrite, num_envs=FLAGS.num_envs,
+        overrides=common.parse_overrides(FLAGS.set), overwrite=FLAGS.overwrite, xla_threads=FLAGS.xla_threads,
+        num_envs=FLAGS.num_envs,
         eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
         progress=FLAGS.progress,
     )

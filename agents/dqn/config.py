@@ -10,6 +10,7 @@ of training). `PRESETS` hold tuned values for classic-control tasks from rl-base
 import dataclasses
 from typing import Any, Mapping
 
+from qrl import runtime
 from qrl.errors import QrlInputError
 
 LEARNING_RATE_SCHEDULES = ("constant", "linear")
@@ -24,6 +25,7 @@ class Config:
     learning_rate_schedule: str = "constant"  # or "linear": decay to 0 over training's updates.
     adam_eps: float = 1e-8
     max_grad_norm: float = 10.0  # SB3 / CleanRL.
+    flat_optimizer: bool = False  # Adam on one flat vector: faster with one XLA thread (qrl.runtime).
     huber_delta: float = 1.0  # Mnih et al. 2015 clip the TD error to [-1, 1].
     batch_size: int = 32  # Mnih et al. 2015.
     buffer_size: int = 1_000_000  # Mnih et al. 2015.
@@ -118,6 +120,9 @@ def validate(config: Config) -> None:
 
 
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
-    """Paper defaults, then the preset for `env_id` if there is one, then `values`."""
-    config = override(Config(), PRESETS.get(env_id, {}))
+    """Paper defaults, then the preset for `env_id` if there is one, then `values`.
+
+    `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
+    """
+    config = override(Config(flat_optimizer=runtime.single_threaded_xla()), PRESETS.get(env_id, {}))
     return override(config, values or {})

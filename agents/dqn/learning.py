@@ -45,14 +45,16 @@ def total_updates(config: Config, env_steps: int) -> int:
 
 def make_optimizer(config: Config, num_updates: int = 1) -> optax.GradientTransformation:
     """Adam with global-norm gradient clipping; a `linear` learning-rate schedule decays to 0
-    over `num_updates` (the state's structure does not depend on `num_updates`)."""
+    over `num_updates` (the state's structure does not depend on `num_updates`). With
+    `flat_optimizer` the same arithmetic runs on all parameters raveled into one vector."""
     learning_rate = config.learning_rate
     if config.learning_rate_schedule == "linear":
         learning_rate = optax.linear_schedule(config.learning_rate, 0.0, num_updates)
-    return optax.chain(
+    optimizer = optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
         optax.adam(learning_rate, eps=config.adam_eps),
     )
+    return optax.flatten(optimizer) if config.flat_optimizer else optimizer
 
 
 def init(key: jax.Array, config: Config, observation_shape: Sequence[int], observation_dtype, num_actions: int) -> TrainState:
