@@ -132,3 +132,15 @@ def test_ptq_on_corrupt_checkpoint(trained_run, tmp_path):
 
 def test_train_refuses_to_overwrite_a_run(trained_run):
     assert_input_error(run_module("launch.train", f"--workdir={trained_run}", "--steps=10"), "--overwrite")
+
+
+def test_train_cli_learns_cartpole(tmp_path):
+    """What `launch.train` users run (one XLA thread, flat optimizer), 50k steps, fixed seed."""
+    workdir = tmp_path / "learn"
+    completed = run_module("launch.train", "--env=gym:CartPole-v1", "--steps=50000", "--seed=0",
+                           "--eval_episodes=20", f"--workdir={workdir}")
+    assert completed.returncode == 0, completed.stderr
+    with open(workdir / "results.json") as file:
+        results = json.load(file)
+    assert results["config"]["agent_config"]["flat_optimizer"] is True
+    assert results["final_eval"]["mean"] >= 475.0, results["final_eval"]
