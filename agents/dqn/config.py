@@ -41,7 +41,6 @@ class Config:
     exploration_initial_eps: float = 1.0
     exploration_final_eps: float = 0.01  # CleanRL dqn_atari.
     exploration_fraction: float = 0.10  # of the training steps; CleanRL dqn_atari.
-    eval_epsilon: float = 0.0  # greedy evaluation.
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)

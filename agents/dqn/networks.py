@@ -11,7 +11,8 @@ from qrl.quant import FP32, Precision
 
 
 class QNetwork(nn.Module):
-    """Observations `[B, ...]` -> Q-values `[B, num_actions]` (float32 at every precision).
+    """Observations `[B, ...]` -> Q-values `[B, num_actions]` (float32 at every precision: the
+    layer factory's layers all output float32).
 
     With `dueling` (Wang et al., 2016) the head splits into a state value `V [B, 1]` and
     advantages `A [B, num_actions]`, `Q = V + A - mean(A)`. Besides its learning benefits this
@@ -29,7 +30,7 @@ class QNetwork(nn.Module):
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = make_torso(self.torso, self.precision, self.hidden_sizes)(observations)
         if not self.dueling:
-            return Dense(self.num_actions, precision=self.precision, name="head")(features).astype(jnp.float32)
-        value = Dense(1, precision=self.precision, name="value")(features).astype(jnp.float32)
-        advantages = Dense(self.num_actions, precision=self.precision, name="advantage")(features).astype(jnp.float32)
+            return Dense(self.num_actions, precision=self.precision, name="head")(features)
+        value = Dense(1, precision=self.precision, name="value")(features)
+        advantages = Dense(self.num_actions, precision=self.precision, name="advantage")(features)
         return value + advantages - jnp.mean(advantages, axis=-1, keepdims=True)
