@@ -13,7 +13,7 @@ from launch.common import require_workdir
 from qrl import envs, io, runtime
 from qrl.checkpointing import Checkpointer
 from qrl.errors import QrlInputError
-from qrl.quant import parse_precisions
+from qrl.quant import check_quant_delay, parse_precisions
 from qrl.quant.report import write_ptq_outputs
 from qrl.quant.sweep import run_sweep
 
@@ -104,6 +104,8 @@ def train_run(
     runtime.configure_jax(xla_threads)
     env.close()
     config = agent.config_for(env_id, overrides or {})
+    if config.qat_bits:
+        check_quant_delay(config.quant_delay, steps)
     prepare_workdir(workdir, overwrite)
     run_config = {
         "agent": agent_name,

@@ -2,6 +2,9 @@
 
     python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --seed=0 \\
         --workdir=runs/dqn_cartpole
+    # quantization-aware training: fp32 for 20k steps, then 8-bit fake quantization
+    python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --qat_bits=8 \\
+        --quant_delay=20000 --workdir=runs/dqn_cartpole_qat8
 
 Writes config.json, metrics.csv, TensorBoard events (tb/), orbax checkpoints (checkpoints/)
 and results.json (final evaluation, throughput).
@@ -10,6 +13,7 @@ and results.json (final evaluation, throughput).
 from absl import flags
 
 from launch import common, runs
+from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("agent", "dqn", "Algorithm: dqn.")
@@ -21,6 +25,10 @@ flags.DEFINE_integer("num_envs", 1, "Host environments stepped together.")
 flags.DEFINE_integer("eval_episodes", 10, "Episodes of each evaluation.")
 flags.DEFINE_integer("eval_every", 0, "Evaluate every N environment steps (0: only at the end).")
 flags.DEFINE_integer("checkpoint_every", 0, "Checkpoint every N environment steps (0: only at the end).")
+flags.DEFINE_integer("qat_bits", None,
+                     "Quantization-aware training of the policy network at N bits (2..8); default off.")
+flags.DEFINE_integer("quant_delay", None,
+                     "With --qat_bits: environment steps of fp32 training before fake quantization starts.")
 flags.DEFINE_multi_string("set", [], "Agent config override key=value (repeatable), e.g. --set=learning_rate=1e-3.")
 flags.DEFINE_bool("overwrite", False, "Replace a run already in --workdir.")
 flags.DEFINE_integer("xla_threads", None,
@@ -29,9 +37,16 @@ flags.DEFINE_bool("progress", True, "Show a progress bar (periodic one-line summ
 
 
 def run() -> None:
+    overrides = common.parse_overrides(FLAGS.set)
+    if FLAGS.qat_bits is not None:
+        overrides["qat_bits"] = FLAGS.qat_bits
+    if FLAGS.quant_delay is not None:
+        if FLAGS.qat_bits is None:
+            raise QrlInputError("--quant_delay needs --qat_bits")
+        overrides["quant_delay"] = FLAGS.quant_delay
     results = runs.train_run(
         FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, common.require_workdir(FLAGS.workdir),
-        overrides=common.parse_overrides(FLAGS.set), overwrite=FLAGS.overwrite, xla_threads=FLAGS.xla_threads,
+        overrides=overrides, overwrite=FLAGS.overwrite, xla_threads=FLAGS.xla_threads,
         num_envs=FLAGS.num_envs,
         eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
         progress=FLAGS.progress,

@@ -10,8 +10,8 @@ of training). `PRESETS` hold tuned values for classic-control tasks from rl-base
 import dataclasses
 from typing import Any, Mapping
 
+from qrl import config as qrl_config
 from qrl import runtime
-from qrl.errors import QrlInputError
 
 LEARNING_RATE_SCHEDULES = ("constant", "linear")
 
@@ -41,6 +41,8 @@ class Config:
     exploration_initial_eps: float = 1.0
     exploration_final_eps: float = 0.01  # CleanRL dqn_atari.
     exploration_fraction: float = 0.10  # of the training steps; CleanRL dqn_atari.
+    qat_bits: int = 0  # quantization-aware training of the Q-network at this many bits; 0 = off.
+    quant_delay: int = 0  # environment steps of fp32 training before fake quantization starts.
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -78,44 +80,22 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def override(config: Config, values: Mapping[str, Any]) -> Config:
-    """Returns `config` with `values` applied; names and types are checked."""
-    fields = {field.name: field for field in dataclasses.fields(Config)}
-    changes = {}
-    for name, value in values.items():
-        if name not in fields:
-            raise QrlInputError(f"unknown DQN config key {name!r}; known: {', '.join(sorted(fields))}")
-        default = getattr(Config(), name)
-        try:
-            if isinstance(default, tuple):
-                value = tuple(int(v) for v in (value.split("-") if isinstance(value, str) else value))
-            elif isinstance(default, bool):
-                value = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-            else:
-                value = type(default)(value)
-        except (TypeError, ValueError):
-            raise QrlInputError(f"DQN config {name}={value!r} is not a valid {type(default).__name__}") from None
-        changes[name] = value
-    config = config.replace(**changes)
+    """Returns `config` with `values` applied (names and types checked), then validated."""
+    config = qrl_config.override(config, values, "dqn")
     validate(config)
     return config
 
 
 def validate(config: Config) -> None:
     """Rejects values that cannot train."""
-    positive = ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
-                "target_update_period", "n_step")
-    for name in positive:
-        if getattr(config, name) <= 0:
-            raise QrlInputError(f"DQN config {name} must be > 0, got {getattr(config, name)}")
-    if config.learning_rate_schedule not in LEARNING_RATE_SCHEDULES:
-        raise QrlInputError(
-            f"DQN config learning_rate_schedule must be one of {', '.join(LEARNING_RATE_SCHEDULES)}, "
-            f"got {config.learning_rate_schedule!r}"
-        )
-    if not 0.0 < config.tau <= 1.0:
-        raise QrlInputError(f"DQN config tau must be in (0, 1], got {config.tau}")
-    if not 0.0 <= config.gamma <= 1.0:
-        raise QrlInputError(f"DQN config gamma must be in [0, 1], got {config.gamma}")
+    qrl_config.check_positive(
+        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
+                 "target_update_period", "n_step"), "dqn",
+    )
+    qrl_config.check_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES, "dqn")
+    qrl_config.check_fraction(config, ("tau",), "dqn", low_open=True)
+    qrl_config.check_fraction(config, ("gamma",), "dqn")
+    qrl_config.check_qat_fields(config, "dqn")
 
 
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:

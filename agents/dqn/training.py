@@ -7,8 +7,6 @@ Every `train_freq` environment steps it runs `gradient_steps` updates in one jit
 `gradient_steps`, at a fraction of the per-update dispatch cost.
 """
 
-import os
-import time
 from typing import Callable, Optional
 
 import jax
@@ -16,13 +14,11 @@ import numpy as np
 
 from agents.dqn import acting, learning
 from agents.dqn.config import Config
-from qrl import envs, evaluation
-from qrl.checkpointing import Checkpointer
+from qrl import envs
 from qrl.errors import QrlInputError
-from qrl.logging import MetricsLogger, ProgressBar
+from qrl.quant import FP32, check_quant_delay, qat_precision
 from qrl.replay import NStepAccumulator, UniformReplay
-
-EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes never share seeds with training envs.
+from qrl.run_monitor import TrainingMonitor
 
 
 def check_env(env_id: str, action_spec) -> None:
@@ -56,7 +52,8 @@ def train(
     With a `workdir`, writes `metrics.csv`, TensorBoard events under `tb/` and orbax checkpoints
     under `checkpoints/` (every `checkpoint_every` steps when > 0, and at the end). Every
     `eval_every` steps (when > 0) and at the end, the greedy policy is evaluated over
-    `eval_episodes` episodes seeded from `seed + EVAL_SEED_OFFSET`.
+    `eval_episodes` episodes seeded from `seed + 1_000_000`. With `config.qat_bits`, the
+    Q-network trains (and acts) fake-quantized from `config.quant_delay` steps on.
     """
     if steps < 1:
         raise QrlInputError(f"steps must be >= 1, got {steps}")
@@ -68,37 +65,29 @@ def train(
     num_actions = envs.num_actions(action_spec)
 
     state = learning.init(jax.random.PRNGKey(seed), config, observation_shape, observation_spec.dtype, num_actions)
-    network = learning.make_network(config, observation_shape, num_actions)
-    update = learning.make_update(network, config, learning.total_updates(config, steps))
-    policy = make_greedy_policy_fn(network, lambda: state.params)
+    num_updates = learning.total_updates(config, steps)
+    networks = {FP32: learning.make_network(config, observation_shape, num_actions)}
+    if config.qat_bits:
+        check_quant_delay(config.quant_delay, steps)
+        networks[qat_precision(config.qat_bits)] = learning.make_network(
+            config, observation_shape, num_actions, qat_precision(config.qat_bits)
+        )
+    updates = {precision: learning.make_update(network, config, num_updates) for precision, network in networks.items()}
+    policies = {precision: make_greedy_policy_fn(network, lambda: state.params) for precision, network in networks.items()}
+    precision = qat_precision(config.qat_bits) if config.qat_bits and config.quant_delay == 0 else FP32
     epsilon_at = acting.epsilon_schedule(config, steps)
 
     replay = UniformReplay(config.buffer_size, seed=seed)
     accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(num_envs)]
     rng = np.random.default_rng(seed)
-    logger = MetricsLogger(workdir) if workdir else None
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints")) if workdir else None
-    bar = ProgressBar(steps, desc=f"dqn {env_id}", disable=None if progress else True)
-
-    def evaluate_now():
-        return evaluation.evaluate(
-            policy, env_id, eval_episodes, seed=seed + EVAL_SEED_OFFSET, env_options=env_options
-        )
-
-    def save(step):
-        if checkpointer:
-            checkpointer.save(step, state, extra={"env_steps": step, "config": config.to_dict()})
+    monitor = TrainingMonitor(
+        "dqn", env_id, steps, seed, workdir, lambda observations: policies[precision](observations),
+        eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
+    )
 
     episode_returns = np.zeros(num_envs)
-    finished_returns: list[float] = []
-    last_metrics: dict = {}
-    evaluations = []
     env_steps = 0
     next_train = max(config.learning_starts, config.train_freq)
-    next_log = log_every
-    next_eval = eval_every if eval_every > 0 else None
-    next_checkpoint = checkpoint_every if checkpoint_every > 0 else None
-    start = time.perf_counter()
     observations = vector_env.reset()
     while env_steps < steps:
         epsilon = epsilon_at(env_steps)
@@ -106,7 +95,7 @@ def train(
         if explore.all():
             actions = rng.integers(0, num_actions, num_envs)
         else:
-            actions = policy(observations)
+            actions = policies[precision](observations)
             if explore.any():
                 actions = np.where(explore, rng.integers(0, num_actions, num_envs), actions)
         timestep = vector_env.step(actions)
@@ -121,57 +110,23 @@ def train(
                 replay.add(transition)
             episode_returns[index] += timestep.reward[index]
             if episode_end:
-                finished_returns.append(float(episode_returns[index]))
+                monitor.episode_finished(episode_returns[index])
                 episode_returns[index] = 0.0
         observations = timestep.observation
         env_steps += num_envs
+        if config.qat_bits and env_steps >= config.quant_delay:
+            precision = qat_precision(config.qat_bits)  # acting and updates from here on.
 
+        train_metrics = None
         if env_steps >= next_train and len(replay) >= config.batch_size:
             while next_train <= env_steps:
-                state, last_metrics = update(state, replay.sample(config.batch_size, config.gradient_steps))
+                state, train_metrics = updates[precision](state, replay.sample(config.batch_size, config.gradient_steps))
                 next_train += config.train_freq
-        latest_return = finished_returns[-1] if finished_returns else None
-        if env_steps >= next_log or env_steps >= steps:
-            next_log += log_every
-            elapsed = time.perf_counter() - start
-            metrics = {"epsilon": epsilon, "episodes": len(finished_returns), "steps_per_second": env_steps / elapsed}
-            if finished_returns:
-                metrics["episode_return"] = float(np.mean(finished_returns[-10:]))
-            metrics.update({key: float(value) for key, value in last_metrics.items()})
-            if logger:
-                logger.write(env_steps, metrics)
-            bar.update(min(env_steps, steps), latest_return=latest_return)
-        if next_eval is not None and env_steps >= next_eval:
-            next_eval += eval_every
-            result = evaluate_now()
-            evaluations.append({"env_steps": env_steps, **result.to_dict()})
-            if logger:
-                logger.write(env_steps, {"eval_return": result.mean, "eval_return_std": result.std})
-        if next_checkpoint is not None and env_steps >= next_checkpoint:
-            next_checkpoint += checkpoint_every
-            save(env_steps)
+        monitor.step(env_steps, state, train_metrics, config, extra_metrics={"epsilon": epsilon})
 
-    train_seconds = time.perf_counter() - start
-    bar.close()
-    final = evaluate_now()
-    if logger:
-        logger.write(env_steps, {"eval_return": final.mean, "eval_return_std": final.std})
-        logger.close()
-    save(env_steps)
-    if checkpointer:
-        checkpointer.close()
     vector_env.close()
-    results = {
-        "agent": "dqn",
-        "env": env_id,
-        "seed": seed,
-        "env_steps": env_steps,
-        "updates": int(state.updates),
-        "episodes": len(finished_returns),
-        "train_seconds": train_seconds,
-        "steps_per_second": env_steps / train_seconds,
-        "final_eval": final.to_dict(),
-        "evaluations": evaluations,
-        "last_train_returns": finished_returns[-10:],
-    }
+    results = monitor.finish(
+        env_steps, state, config, updates=int(state.updates),
+        extra={"qat_bits": config.qat_bits, "quant_delay": config.quant_delay},
+    )
     return state, results

@@ -7,6 +7,9 @@ serving. Parameters per layer:
 - float precisions: `kernel` (`[in, out]` or HWIO `[H, W, in, out]`) and `bias` `[out]` in the
   precision's dtype — the same names and shapes as `flax.linen.Dense`/`Conv`. Inputs are cast
   to that dtype; products accumulate in float32 and layers output float32.
+- QAT precisions (`qrl.quant.qat`): `kernel` and `bias` float32 as at fp32; the forward pass
+  fake-quantizes the kernel per output channel and the input per tensor, with straight-through
+  gradients, so a QAT network trains on the fp32 network's parameter tree.
 - integer precisions: `kernel` (integer values), `kernel_scale` (`[out]` or `[]`), `bias` `[out]`
   float32, and `input_scale` `[]` when activations use static (calibrated) scales. Produce them
   from fp32 parameters with `qrl.quant.quantize_params`.
@@ -59,6 +62,18 @@ class _QuantizableLayer(nn.Module):
             input_scale = self.param("input_scale", nn.initializers.ones, (), jnp.float32)
         return kernel, kernel_scale, bias, input_scale
 
+    def _qat_operands(self, x, kernel_shape, features, kernel_init, bias_init):
+        """fp32 params; the input and kernel rounded onto the precision's grids (STE gradients)."""
+        kernel = self.param("kernel", kernel_init, kernel_shape, jnp.float32)
+        bias = self.param("bias", bias_init, (features,), jnp.float32)
+        qmax = self.precision.activation_qmax
+        x = ops.fake_quantize_ste(x.astype(jnp.float32), ops.activation_scale(lax.stop_gradient(x), qmax), qmax)
+        kernel = ops.fake_quantize_ste(
+            kernel, ops.symmetric_weight_scale(lax.stop_gradient(kernel), self.precision.weight_qmax),
+            self.precision.weight_qmax,
+        )
+        return x, kernel, bias
+
     def _fake_quantized_input(self, x, input_scale):
         precision = self.precision
         if not precision.quantizes_activations:
@@ -79,6 +94,9 @@ class Dense(_QuantizableLayer):
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel_shape = (x.shape[-1], self.features)
         precision = self.precision
+        if precision.trainable:
+            x, kernel, bias = self._qat_operands(x, kernel_shape, self.features, self.kernel_init, self.bias_init)
+            return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ()))) + bias
         if precision.is_float:
             self._record_input_range(x)
             kernel, bias = self._float_params(kernel_shape, self.features, self.kernel_init, self.bias_init)
@@ -111,6 +129,9 @@ class Conv(_QuantizableLayer):
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel_shape = (*self.kernel_size, x.shape[-1], self.features)
         precision = self.precision
+        if precision.trainable:
+            x, kernel, bias = self._qat_operands(x, kernel_shape, self.features, self.kernel_init, self.bias_init)
+            return self._convolve(x, kernel) + bias
         if precision.is_float:
             self._record_input_range(x)
             kernel, bias = self._float_params(kernel_shape, self.features, self.kernel_init, self.bias_init)

@@ -77,6 +77,24 @@ def fake_quantize_activations(x: jax.Array, scale: jax.Array, qmax: int) -> jax.
     return quantize_activations(x, scale, qmax, jnp.float32) * scale
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def fake_quantize_ste(x: jax.Array, scale: jax.Array, qmax: int) -> jax.Array:
+    """`scale * clip(round(x / scale), -qmax, qmax)` forward; identity gradient with respect to
+    `x` (the straight-through estimator of Bengio et al. 2013, as QAT uses) and none to `scale`.
+
+    A custom JVP rather than `x + stop_gradient(q - x)`: the forward value is exactly the
+    quantized grid value, so an exported integer network reproduces it.
+    """
+    return jnp.clip(jnp.round(x / scale), -qmax, qmax) * scale
+
+
+@fake_quantize_ste.defjvp
+def _fake_quantize_ste_jvp(qmax, primals, tangents):
+    x, scale = primals
+    x_dot, _ = tangents
+    return fake_quantize_ste(x, scale, qmax), x_dot
+
+
 def int8_dense(
     x: jax.Array,
     kernel: jax.Array,

@@ -12,6 +12,9 @@ computes. The same module definition (see `qrl.networks.layers`) runs at any of 
 - `quarl<N>` for N in 2..16: QuaRL's weight-only rule, for comparison with the paper:
   `d = (|min| + |max|) / 2^N`, `W = d * round(W / d)`, per tensor for dense layers and per output
   channel for convolutions; activations stay float32.
+- `qat<N>` for N in 2..8 (training only, see `qrl.quant.qat`): float32 parameters, N-bit fake
+  quantization of weights (per output channel) and activations (per tensor, dynamic) in the
+  forward pass with straight-through gradients — the numerics `int<N>` serves with.
 """
 
 import dataclasses
@@ -41,6 +44,8 @@ class Precision:
       weight_rule: `none` (float), `symmetric` (per output channel, max-abs scale) or `quarl`.
       activations: `none`, `static` (scales calibrated from rollouts) or `dynamic` (per call).
       integer_kernel: True when the layer runs a real int8×int8→int32 dot/convolution.
+      trainable: True for quantization-aware training: float32 parameters (named and shaped as
+        at fp32), fake-quantized in the forward pass with straight-through gradients.
     """
 
     name: str
@@ -49,10 +54,16 @@ class Precision:
     weight_rule: str = "none"
     activations: str = "none"
     integer_kernel: bool = False
+    trainable: bool = False
 
     @property
     def is_float(self) -> bool:
         return self.bits is None
+
+    @property
+    def has_float_params(self) -> bool:
+        """Whether layers hold float `kernel`/`bias` (float precisions and QAT) rather than integers."""
+        return self.is_float or self.trainable
 
     @property
     def quantizes_activations(self) -> bool:

@@ -1,0 +1,91 @@
+"""Checked overrides of agents' frozen config dataclasses (from flags, JSON or presets).
+
+Every agent's `config.py` keeps its own defaults, presets and `validate`; the parsing of
+`key=value` overrides and the checks they all share live here.
+"""
+
+import dataclasses
+from typing import Any, Iterable, Mapping, TypeVar
+
+from qrl.errors import QrlInputError
+
+QAT_MIN_BITS = 2
+QAT_MAX_BITS = 8
+
+ConfigT = TypeVar("ConfigT")
+
+
+def _convert(default: Any, value: Any) -> Any:
+    if isinstance(default, tuple):
+        items = value.split("-") if isinstance(value, str) else value
+        return tuple(type(default[0])(item) if default else int(item) for item in items)
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes"):
+            return True
+        if text in ("0", "false", "no"):
+            return False
+        raise ValueError(value)
+    if isinstance(default, int) and isinstance(value, float) and not value.is_integer():
+        raise ValueError(value)
+    if isinstance(default, int) and isinstance(value, str):
+        return int(float(value)) if float(value).is_integer() else int(value)
+    return type(default)(value)
+
+
+def override(config: ConfigT, values: Mapping[str, Any], agent_name: str) -> ConfigT:
+    """`config` with `values` applied; names must be fields and values convert to their type.
+
+    Tuples of ints accept "256-256"; bools accept true/false/1/0/yes/no; ints accept "1e5".
+    An unknown key or an unconvertible value is a `QrlInputError` naming the agent.
+    """
+    fields = {field.name for field in dataclasses.fields(config)}
+    label = agent_name.upper()
+    changes = {}
+    for name, value in values.items():
+        if name not in fields:
+            raise QrlInputError(f"unknown {label} config key {name!r}; known: {', '.join(sorted(fields))}")
+        default = getattr(config, name)
+        try:
+            changes[name] = _convert(default, value)
+        except (TypeError, ValueError):
+            raise QrlInputError(f"{label} config {name}={value!r} is not a valid {type(default).__name__}") from None
+    return dataclasses.replace(config, **changes)
+
+
+def check_positive(config: Any, names: Iterable[str], agent_name: str) -> None:
+    """Each named field must be > 0."""
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise QrlInputError(f"{agent_name.upper()} config {name} must be > 0, got {getattr(config, name)}")
+
+
+def check_fraction(config: Any, names: Iterable[str], agent_name: str, low_open: bool = False) -> None:
+    """Each named field must lie in [0, 1] ((0, 1] with `low_open`)."""
+    for name in names:
+        value = getattr(config, name)
+        if not (0.0 < value <= 1.0 if low_open else 0.0 <= value <= 1.0):
+            interval = "(0, 1]" if low_open else "[0, 1]"
+            raise QrlInputError(f"{agent_name.upper()} config {name} must be in {interval}, got {value}")
+
+
+def check_choice(config: Any, name: str, choices: Iterable[str], agent_name: str) -> None:
+    """The named field must be one of `choices`."""
+    choices = tuple(choices)
+    if getattr(config, name) not in choices:
+        raise QrlInputError(
+            f"{agent_name.upper()} config {name} must be one of {', '.join(choices)}, got {getattr(config, name)!r}"
+        )
+
+
+def check_qat_fields(config: Any, agent_name: str) -> None:
+    """`qat_bits` is 0 (off) or in 2..8; `quant_delay` (environment steps) is >= 0."""
+    bits = config.qat_bits
+    if bits != 0 and not QAT_MIN_BITS <= bits <= QAT_MAX_BITS:
+        raise QrlInputError(
+            f"{agent_name.upper()} config qat_bits must be in {QAT_MIN_BITS}..{QAT_MAX_BITS} (0 = off), got {bits}"
+        )
+    if config.quant_delay < 0:
+        raise QrlInputError(f"{agent_name.upper()} config quant_delay must be >= 0, got {config.quant_delay}")
