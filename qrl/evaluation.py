@@ -44,13 +44,42 @@ class EvalResult:
         }
 
 
-def _check_host_id(env_id: str, purpose: str) -> None:
+def _is_device_id(env_id: str) -> bool:
+    """Whether `env_id` names a batched JAX-native environment (brax, gymnax)."""
     family, _ = split_env_id(env_id)
-    if family not in HOST_FAMILIES:
-        raise QrlInputError(
-            f"{purpose} takes host ids ({', '.join(HOST_FAMILIES)}); {env_id} runs on device: "
-            "evaluate brax policies with the on-device path (qrl.envs.make_brax under jit)"
-        )
+    return family not in HOST_FAMILIES
+
+
+def _evaluate_batched(policy: Policy, env_id: str, episodes: int, seed: int, max_steps: Optional[int],
+                      options: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """First-episode returns and lengths of a batch of `episodes` device envs seeded `seed`.
+
+    The batch steps until every env has finished its first episode (auto-reset rows keep
+    stepping, their rewards ignored); a device env's batch shares one seed, so episode i's
+    return depends on the batch size, unlike host envs.
+    """
+    env = make(env_id, seed, batch_size=episodes, **options)
+    try:
+        discrete = is_discrete(env.action_spec())
+        timestep = env.reset()
+        returns = np.zeros(episodes, np.float64)
+        lengths = np.zeros(episodes, np.int64)
+        active = np.ones(episodes, bool)
+        while active.any():
+            actions = np.asarray(policy(np.asarray(timestep.observation)))
+            if discrete:
+                actions = actions.reshape(episodes).astype(np.int32)
+            elif actions.shape[:1] != (episodes,):
+                raise ValueError(f"policy returned actions of shape {actions.shape} for a batch of {episodes}")
+            timestep = env.step(actions)
+            returns += np.where(active, np.asarray(timestep.reward, np.float64), 0.0)
+            lengths += active
+            active &= ~(np.asarray(timestep.step_type) == 2)
+            if max_steps is not None:
+                active &= lengths < max_steps
+    finally:
+        env.close()
+    return returns, lengths
 
 
 def _check_count(name: str, value, allow_none: bool = False) -> Optional[int]:
@@ -87,13 +116,17 @@ def evaluate(
     observations (finished rows keep their last observation and their actions are ignored).
     Episode i's return therefore does not depend on how many episodes are requested (up to
     float rounding a batched policy may show at another batch size). `max_steps` cuts
-    episodes longer than that many steps.
+    episodes longer than that many steps. Device ids (`brax:`, `gymnax:`) run as one batch of
+    `episodes` envs seeded `seed` (see `_evaluate_batched`).
     """
-    _check_host_id(env_id, "evaluate")
     episodes = _check_count("episodes", episodes)
     max_steps = _check_count("max_steps", max_steps, allow_none=True)
     seed = check_seed(seed)
     options = dict(env_options or {})
+    if _is_device_id(env_id):
+        returns, lengths = _evaluate_batched(policy, env_id, episodes, seed, max_steps, options)
+        return EvalResult(env_id=env_id, seed=seed, mean=float(np.mean(returns)), std=float(np.std(returns)),
+                          returns=tuple(float(v) for v in returns), lengths=tuple(int(v) for v in lengths))
     envs = [make(env_id, seed + index, **options) for index in range(episodes)]
     try:
         discrete = is_discrete(envs[0].action_spec())
@@ -137,11 +170,12 @@ def collect_observations(
 
     Episodes follow one another (a reset after each end); every returned observation is one
     the policy was called on (batch of 1), as quantization calibration and action-divergence
-    measurements need.
+    measurements need. Device ids run a batch of one env.
     """
-    _check_host_id(env_id, "collect_observations")
     num_steps = _check_count("num_steps", num_steps)
     seed = check_seed(seed)
+    if _is_device_id(env_id):
+        return _collect_batched(policy, env_id, num_steps, seed, dict(env_options or {}))
     env = make(env_id, seed, **dict(env_options or {}))
     try:
         discrete = is_discrete(env.action_spec())
@@ -153,6 +187,23 @@ def collect_observations(
             action = _actions_for_envs(policy(observation[None]), 1, discrete)[0]
             timestep = env.step(action)
             observation = env.reset().observation if timestep.last() else timestep.observation
+    finally:
+        env.close()
+    return observations
+
+
+def _collect_batched(policy: Policy, env_id: str, num_steps: int, seed: int, options: Mapping[str, Any]) -> np.ndarray:
+    """`collect_observations` on a device env (a batch of one, auto-reset)."""
+    env = make(env_id, seed, batch_size=1, **options)
+    try:
+        discrete = is_discrete(env.action_spec())
+        observation = np.asarray(env.reset().observation)
+        observations = np.empty((num_steps,) + observation.shape[1:], observation.dtype)
+        for step in range(num_steps):
+            observations[step] = observation[0]
+            actions = np.asarray(policy(observation))
+            actions = actions.reshape(1).astype(np.int32) if discrete else actions.reshape((1,) + actions.shape[1:])
+            observation = np.asarray(env.step(actions).observation)
     finally:
         env.close()
     return observations

@@ -72,9 +72,16 @@ def test_collect_observations_spans_episodes():
     np.testing.assert_array_equal(observations, collect_observations(always_left, "gym:CartPole-v1", 30, seed=5))
 
 
+def test_evaluate_and_collect_on_a_device_env():
+    """brax's `fast` test env: a batch of episodes under one jitted step, first episodes only."""
+    zeros = lambda observations: np.zeros((len(observations), 1), np.float32)
+    result = evaluate(zeros, "brax:fast", episodes=3, seed=0, max_steps=25, env_options={"episode_length": 10})
+    assert result.lengths == (10, 10, 10) and len(result.returns) == 3
+    observations = collect_observations(zeros, "brax:fast", num_steps=12, seed=0)
+    assert observations.shape[0] == 12
+
+
 def test_bad_evaluation_input():
-    with pytest.raises(QrlInputError, match="on device"):
-        evaluate(always_left, "brax:hopper", episodes=2)
     with pytest.raises(QrlInputError, match="episodes"):
         evaluate(always_left, "gym:CartPole-v1", episodes=0)
     with pytest.raises(QrlInputError, match="known families"):

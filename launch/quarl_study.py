@@ -1,0 +1,49 @@
+"""The QuaRL study in one command: train each algorithm on each environment (per seed) in fp32
+and with quantization-aware training, quantize after training, and report.
+
+    python -m launch.quarl_study --workdir=runs/quarl --agents=dqn,ppo,a2c --envs=gym:CartPole-v1 \\
+        --seeds=0,1,2 --precisions=fp32,fp16,bf16,int8,int6,int4,int3,int2 --qat_bits=8,4
+    python -m launch.quarl_study --workdir=runs/quarl_pendulum --agents=ddpg,d4pg,sac,td3 \\
+        --envs=gym:Pendulum-v1 --seeds=0
+
+Writes <workdir>/results.json, report.md (QuaRL-style tables: return per precision, E, action
+divergence, bytes, latency), plots/ (sweet spot per algorithm and environment, fp32 vs quantized
+weight histograms) and one directory per cell under cells/. Rerunning the same command skips
+finished cells; an interrupted training run starts again.
+"""
+
+from absl import flags
+
+from launch import common, studies
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Study directory (required).")
+flags.DEFINE_string("agents", "dqn", "Comma-separated algorithms.")
+flags.DEFINE_string("envs", "gym:CartPole-v1", "Comma-separated environment ids.")
+flags.DEFINE_string("seeds", "0", "Comma-separated training seeds.")
+flags.DEFINE_string("precisions", "fp32,fp16,bf16,int8,int6,int4,int3,int2",
+                    "Post-training precisions (fp32, fp16, bf16, int<N>, quarl<N>).")
+flags.DEFINE_string("qat_bits", "8", "Comma-separated QAT bit widths (2..8); empty for none.")
+flags.DEFINE_float("quant_delay_fraction", 0.5, "QAT: fraction of training spent in fp32 before fake quantization.")
+flags.DEFINE_integer("steps", None, "Environment steps per training run (default: a small per-task budget).")
+flags.DEFINE_integer("episodes", 10, "Evaluation episodes per precision and seed.")
+flags.DEFINE_multi_string("set", [], "Agent config override agent.key=value (repeatable), e.g. ppo.learning_rate=1e-3.")
+flags.DEFINE_bool("skip_incompatible", False, "Skip algorithm/environment pairs the algorithm cannot run instead of failing.")
+flags.DEFINE_integer("num_envs", None, "Host environments per training run (default: the agent's).")
+
+
+def run() -> None:
+    agents = studies.parse_list(FLAGS.agents, "agents")
+    train_args = [f"--num_envs={FLAGS.num_envs}"] if FLAGS.num_envs else []
+    paths = studies.run_study(
+        common.require_workdir(FLAGS.workdir), agents, studies.parse_list(FLAGS.envs, "envs"),
+        studies.parse_ints(FLAGS.seeds, "seeds"), FLAGS.precisions, studies.parse_qat_bits(FLAGS.qat_bits),
+        episodes=FLAGS.episodes, steps=FLAGS.steps, quant_delay_fraction=FLAGS.quant_delay_fraction,
+        overrides=studies.split_agent_overrides(FLAGS.set, agents), skip_incompatible=FLAGS.skip_incompatible,
+        train_args=train_args,
+    )
+    print(f"QuaRL study report: {paths['report.md']}")
+
+
+if __name__ == "__main__":
+    common.run_entry_point(run)

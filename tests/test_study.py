@@ -1,0 +1,66 @@
+"""launch.quarl_study end to end on a tiny budget: cells, resume, report; bad input exits 2."""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tests.test_cli import assert_input_error, run_module
+
+TINY = ["--steps=2000", "--set=dqn.learning_starts=500", "--episodes=2", "--precisions=fp32,int8,int4", "--qat_bits=8"]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("study") / "quarl")
+    completed = run_module("launch.quarl_study", f"--workdir={workdir}", "--agents=dqn", "--envs=gym:CartPole-v1", *TINY)
+    assert completed.returncode == 0, completed.stderr + completed.stdout
+    return workdir
+
+
+def test_study_writes_tables_plots_and_cells(study):
+    with open(os.path.join(study, "results.json")) as file:
+        results = json.load(file)
+    (pair,) = results["pairs"]
+    assert pair["agent"] == "dqn" and pair["env"] == "gym:CartPole-v1"
+    assert [row["precision"] for row in pair["ptq"]] == ["fp32", "int8", "int4"]
+    assert [row["precision"] for row in pair["qat"]] == ["qat8 → int8"]
+    assert pair["qat"][0]["quant_delay"] == 1000
+    fp32 = pair["ptq"][0]
+    assert fp32["relative_error"] == 0.0 and len(fp32["seed_means"]) == 1
+    report = open(os.path.join(study, "report.md")).read()
+    assert "| dqn | gym:CartPole-v1 |" in report and "E int8" in report and "E qat8 → int8" in report
+    for name in ("sweetspot_dqn_gym_CartPole-v1.png", "weights_dqn_gym_CartPole-v1.png"):
+        assert os.path.getsize(os.path.join(study, "plots", name)) > 1000
+    with open(os.path.join(study, "cells/dqn/gym_CartPole-v1/seed0/qat8/train/results.json")) as file:
+        train = json.load(file)
+    assert train["qat_bits"] == 8 and train["quant_delay"] == 1000
+
+
+def test_study_skips_finished_cells_and_restarts_unfinished_runs(study):
+    qat_train = os.path.join(study, "cells/dqn/gym_CartPole-v1/seed0/qat8/train")
+    os.remove(os.path.join(qat_train, "results.json"))  # as if killed before the end.
+    shutil.rmtree(os.path.join(study, "cells/dqn/gym_CartPole-v1/seed0/qat8/qat_eval"))
+    completed = run_module("launch.quarl_study", f"--workdir={study}", "--agents=dqn", "--envs=gym:CartPole-v1", *TINY)
+    assert completed.returncode == 0, completed.stderr
+    assert "seed 0 fp32: already done" in completed.stdout
+    assert "seed 0 qat8: trained, evaluated" in completed.stdout
+    assert os.path.exists(os.path.join(qat_train, "results.json"))
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--agents=dqn", "--envs=gym:Pendulum-v1"], "unsupported algorithm/environment pair dqn × gym:Pendulum-v1"),
+    (["--qat_bits=9"], "--qat_bits values must be in 2..8"),
+    (["--qat_bits=1"], "--qat_bits values must be in 2..8"),
+    (["--quant_delay_fraction=1.0"], "--quant_delay_fraction must be in [0, 1)"),
+    (["--set=learning_rate=1"], "--set expects agent.key=value"),
+    (["--set=dqn.no_such_key=1"], "unknown DQN config key"),
+    (["--agents=nope"], "unknown agent 'nope'"),
+    (["--precisions=int1"], "bits must be in 2..16"),
+    (["--seeds=-1"], "--seeds values must be >= 0"),
+])
+def test_study_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
+    workdir = str(tmp_path / "study")
+    assert_input_error(run_module("launch.quarl_study", f"--workdir={workdir}", "--steps=100", *args), fragment)
+    assert not os.path.exists(os.path.join(workdir, "cells"))
