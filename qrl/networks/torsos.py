@@ -54,15 +54,43 @@ class NatureCNN(nn.Module):
         return nn.relu(Dense(self.dense_size, precision=self.precision, name="dense")(x))
 
 
+class MinAtarCNN(nn.Module):
+    """The MinAtar torso (Young & Tian, 2019): `[B, 10, 10, C] -> [B, 128]`.
+
+    One 16-channel 3×3 convolution (stride 1, VALID), then a 128-unit dense layer, both ReLU.
+    Boolean or integer channel planes are cast to float32.
+    """
+
+    precision: Precision = FP32
+    dense_size: int = 128
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.float32)
+        x = nn.relu(Conv(16, (3, 3), (1, 1), precision=self.precision, name="conv_0")(x))
+        x = x.reshape(x.shape[:-3] + (-1,))
+        return nn.relu(Dense(self.dense_size, precision=self.precision, name="dense")(x))
+
+
+TORSOS = ("mlp", "cnn", "minatar_cnn")
+SMALL_FRAME_SIZE = 36  # frames up to this size cannot pass the Nature CNN's strided convolutions.
+
+
 def make_torso(kind: str, precision: Precision, hidden_sizes: Sequence[int] = (256, 256)) -> nn.Module:
-    """`mlp` for vector observations, `cnn` (Nature CNN) for stacked frames."""
+    """`mlp` for vector observations, `cnn` (Nature CNN) for stacked frames, `minatar_cnn` for
+    small grids such as MinAtar's 10×10."""
     if kind == "mlp":
         return MLP(tuple(hidden_sizes), precision=precision, name="torso")
     if kind == "cnn":
         return NatureCNN(precision=precision, name="torso")
-    raise ValueError(f"unknown torso {kind!r}; known: mlp, cnn")
+    if kind == "minatar_cnn":
+        return MinAtarCNN(precision=precision, name="torso")
+    raise ValueError(f"unknown torso {kind!r}; known: {', '.join(TORSOS)}")
 
 
 def torso_for_observation(observation_shape: Sequence[int]) -> str:
-    """Picks the torso for an observation shape: images `[H, W, C]` get the CNN."""
-    return "cnn" if len(observation_shape) == 3 else "mlp"
+    """Picks the torso for an observation shape: images `[H, W, C]` get a CNN (the MinAtar one
+    for frames smaller than 36×36), vectors the MLP."""
+    if len(observation_shape) != 3:
+        return "mlp"
+    return "minatar_cnn" if min(observation_shape[:2]) < SMALL_FRAME_SIZE else "cnn"
