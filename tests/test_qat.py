@@ -144,3 +144,15 @@ def test_dqn_trains_fp32_before_the_delay_and_fake_quantized_after(monkeypatch):
     # updates happen every 50 steps from step 100: 100..350 fp32 (6 phases), 400..800 QAT (9 phases).
     assert switch == 6 and len(names) == 15
     assert results["qat_bits"] == 8 and results["quant_delay"] == 400
+
+
+def test_jitted_exporter_matches_export_params():
+    x = jax.random.normal(jax.random.PRNGKey(2), (16, 5))
+    params = SmallNet().init(jax.random.PRNGKey(0), x)["params"]
+    from qrl.quant import make_exporter
+
+    jitted = make_exporter(4)(params)
+    reference = export_params(params, 4)
+    for a, b in zip(jax.tree.leaves(jitted), jax.tree.leaves(reference)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert jax.tree.structure(jitted) == jax.tree.structure(reference)

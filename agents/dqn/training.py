@@ -16,7 +16,7 @@ from agents.dqn import acting, learning
 from agents.dqn.config import Config
 from qrl import envs
 from qrl.errors import QrlInputError
-from qrl.quant import FP32, check_quant_delay, qat_precision
+from qrl.quant import check_quant_delay, make_exporter, qat_precision, serving_precision
 from qrl.replay import NStepAccumulator, UniformReplay
 from qrl.run_monitor import TrainingMonitor
 
@@ -53,7 +53,8 @@ def train(
     under `checkpoints/` (every `checkpoint_every` steps when > 0, and at the end). Every
     `eval_every` steps (when > 0) and at the end, the greedy policy is evaluated over
     `eval_episodes` episodes seeded from `seed + 1_000_000`. With `config.qat_bits`, the
-    Q-network trains (and acts) fake-quantized from `config.quant_delay` steps on.
+    Q-network trains fake-quantized from `config.quant_delay` steps on, and acts and is
+    evaluated as its `int<N>` export.
     """
     if steps < 1:
         raise QrlInputError(f"steps must be >= 1, got {steps}")
@@ -66,22 +67,39 @@ def train(
 
     state = learning.init(jax.random.PRNGKey(seed), config, observation_shape, observation_spec.dtype, num_actions)
     num_updates = learning.total_updates(config, steps)
-    networks = {FP32: learning.make_network(config, observation_shape, num_actions)}
+    fp32_network = learning.make_network(config, observation_shape, num_actions)
+    update = learning.make_update(fp32_network, config, num_updates)
+    policy = make_greedy_policy_fn(fp32_network, lambda: acting_params)
+    acting_params = state.params
+    quantized = False
     if config.qat_bits:
+        # After the delay: updates through the fake-quantized network; acting (and evaluation)
+        # with the policy exported to int<N> after every training phase — the deployed
+        # numerics, and much cheaper per step than fake-quantizing the kernels on every call.
         check_quant_delay(config.quant_delay, steps)
-        networks[qat_precision(config.qat_bits)] = learning.make_network(
-            config, observation_shape, num_actions, qat_precision(config.qat_bits)
+        qat_update = learning.make_update(
+            learning.make_network(config, observation_shape, num_actions, qat_precision(config.qat_bits)),
+            config, num_updates,
         )
-    updates = {precision: learning.make_update(network, config, num_updates) for precision, network in networks.items()}
-    policies = {precision: make_greedy_policy_fn(network, lambda: state.params) for precision, network in networks.items()}
-    precision = qat_precision(config.qat_bits) if config.qat_bits and config.quant_delay == 0 else FP32
+        export = make_exporter(config.qat_bits)
+        qat_policy = make_greedy_policy_fn(
+            learning.make_network(config, observation_shape, num_actions, serving_precision(config.qat_bits)),
+            lambda: acting_params,
+        )
+
+    def start_quantizing():
+        nonlocal update, policy, acting_params, quantized
+        update, policy, acting_params, quantized = qat_update, qat_policy, export(state.params), True
+
+    if config.qat_bits and config.quant_delay == 0:
+        start_quantizing()
     epsilon_at = acting.epsilon_schedule(config, steps)
 
     replay = UniformReplay(config.buffer_size, seed=seed)
     accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(num_envs)]
     rng = np.random.default_rng(seed)
     monitor = TrainingMonitor(
-        "dqn", env_id, steps, seed, workdir, lambda observations: policies[precision](observations),
+        "dqn", env_id, steps, seed, workdir, lambda observations: policy(observations),
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
     )
 
@@ -95,7 +113,7 @@ def train(
         if explore.all():
             actions = rng.integers(0, num_actions, num_envs)
         else:
-            actions = policies[precision](observations)
+            actions = policy(observations)
             if explore.any():
                 actions = np.where(explore, rng.integers(0, num_actions, num_envs), actions)
         timestep = vector_env.step(actions)
@@ -114,14 +132,15 @@ def train(
                 episode_returns[index] = 0.0
         observations = timestep.observation
         env_steps += num_envs
-        if config.qat_bits and env_steps >= config.quant_delay:
-            precision = qat_precision(config.qat_bits)  # acting and updates from here on.
+        if config.qat_bits and not quantized and env_steps >= config.quant_delay:
+            start_quantizing()
 
         train_metrics = None
         if env_steps >= next_train and len(replay) >= config.batch_size:
             while next_train <= env_steps:
-                state, train_metrics = updates[precision](state, replay.sample(config.batch_size, config.gradient_steps))
+                state, train_metrics = update(state, replay.sample(config.batch_size, config.gradient_steps))
                 next_train += config.train_freq
+            acting_params = export(state.params) if quantized else state.params
         monitor.step(env_steps, state, train_metrics, config, extra_metrics={"epsilon": epsilon})
 
     vector_env.close()

@@ -3,7 +3,7 @@
 from qrl.quant.divergence import categorical_kl, gaussian_kl, greedy_agreement, mean_action_distance
 from qrl.quant.precision import FP32, MAX_BITS, MIN_BITS, Precision, parse_precision, parse_precisions
 from qrl.quant.ptq import calibrate, fake_quantized_float_params, quantize_params
-from qrl.quant.qat import check_quant_delay, export_params, qat_precision, serving_precision
+from qrl.quant.qat import check_quant_delay, export_params, make_exporter, qat_precision, serving_precision
 from qrl.quant.serialization import packed_param_bytes, param_bytes, params_from_bytes, params_to_bytes
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "calibrate",
     "check_quant_delay",
     "export_params",
+    "make_exporter",
     "categorical_kl",
     "fake_quantized_float_params",
     "gaussian_kl",
