@@ -24,13 +24,14 @@ flags.DEFINE_enum("activations", "static", ["static", "dynamic"],
 flags.DEFINE_integer("calibration_steps", 2048, "fp32 rollout states used to calibrate static scales.")
 flags.DEFINE_integer("divergence_steps", 2048, "fp32 rollout states on which action divergence is measured.")
 flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/ptq).")
+flags.DEFINE_integer("max_steps", None, "Cut evaluation episodes after this many steps (default: no cut).")
 
 
 def run() -> None:
     _, paths = runs.ptq_run(
         common.require_workdir(FLAGS.workdir), FLAGS.precisions, FLAGS.episodes, seed=FLAGS.seed,
         activations=FLAGS.activations, calibration_steps=FLAGS.calibration_steps,
-        divergence_steps=FLAGS.divergence_steps, out_dir=FLAGS.out,
+        divergence_steps=FLAGS.divergence_steps, out_dir=FLAGS.out, max_steps=FLAGS.max_steps,
     )
     print(f"PTQ report: {paths['report.md']}")
 

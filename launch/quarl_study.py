@@ -15,6 +15,7 @@ finished cells; an interrupted training run starts again.
 from absl import flags
 
 from launch import common, studies
+from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Study directory (required).")
@@ -30,17 +31,26 @@ flags.DEFINE_integer("episodes", 10, "Evaluation episodes per precision and seed
 flags.DEFINE_multi_string("set", [], "Agent config override agent.key=value (repeatable), e.g. ppo.learning_rate=1e-3.")
 flags.DEFINE_bool("skip_incompatible", False, "Skip algorithm/environment pairs the algorithm cannot run instead of failing.")
 flags.DEFINE_integer("num_envs", None, "Host environments per training run (default: the agent's).")
+flags.DEFINE_integer("probe_steps", 2048, "fp32 rollout states for calibrating static scales and for action divergence.")
+flags.DEFINE_integer("eval_max_steps", None, "Cut evaluation episodes after this many steps (default: no cut).")
 
 
 def run() -> None:
     agents = studies.parse_list(FLAGS.agents, "agents")
     train_args = [f"--num_envs={FLAGS.num_envs}"] if FLAGS.num_envs else []
+    if FLAGS.probe_steps < 1:
+        raise QrlInputError(f"--probe_steps must be >= 1, got {FLAGS.probe_steps}")
+    eval_args = [f"--calibration_steps={FLAGS.probe_steps}", f"--divergence_steps={FLAGS.probe_steps}"]
+    if FLAGS.eval_max_steps is not None:
+        if FLAGS.eval_max_steps < 1:
+            raise QrlInputError(f"--eval_max_steps must be >= 1, got {FLAGS.eval_max_steps}")
+        eval_args.append(f"--max_steps={FLAGS.eval_max_steps}")
     paths = studies.run_study(
         common.require_workdir(FLAGS.workdir), agents, studies.parse_list(FLAGS.envs, "envs"),
         studies.parse_ints(FLAGS.seeds, "seeds"), FLAGS.precisions, studies.parse_qat_bits(FLAGS.qat_bits),
         episodes=FLAGS.episodes, steps=FLAGS.steps, quant_delay_fraction=FLAGS.quant_delay_fraction,
         overrides=studies.split_agent_overrides(FLAGS.set, agents), skip_incompatible=FLAGS.skip_incompatible,
-        train_args=train_args,
+        train_args=train_args, eval_args=eval_args,
     )
     print(f"QuaRL study report: {paths['report.md']}")
 

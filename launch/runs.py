@@ -133,6 +133,7 @@ def ptq_run(
     calibration_steps: int = 2048,
     divergence_steps: int = 2048,
     out_dir: Optional[str] = None,
+    max_steps: Optional[int] = None,
 ) -> tuple[dict, dict]:
     """Restores the run in `workdir`, sweeps `precisions` and writes results.json, report.md and
     sweetspot.png into `out_dir` (default WORKDIR/ptq). Returns (sweep, output paths)."""
@@ -147,7 +148,7 @@ def ptq_run(
     sweep = run_sweep(
         spec, restored.agent.policy_params(restored.state), restored.env_id, parsed, episodes, seed=seed,
         calibration_steps=calibration_steps, divergence_steps=divergence_steps,
-        env_options=restored.run_config.get("env_options", {}),
+        env_options=restored.run_config.get("env_options", {}), max_steps=max_steps,
     )
     sweep["run"] = {"workdir": workdir, "agent": restored.run_config["agent"], "activations": activations}
     title = f"{restored.run_config['agent']} on {restored.env_id}"

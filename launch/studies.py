@@ -196,6 +196,7 @@ def run_cell(
     episodes: int,
     overrides: Mapping[str, str],
     train_args: Sequence[str] = (),
+    eval_args: Sequence[str] = (),
 ) -> dict:
     """Trains (unless finished before) and evaluates (unless done before) one cell; returns what
     it did: `{"trained": bool, "evaluated": bool}`."""
@@ -208,7 +209,7 @@ def run_cell(
         if os.path.exists(train_dir):
             shutil.rmtree(train_dir)  # an unfinished run: start it again.
         args = [f"--agent={cell.agent}", f"--env={cell.env_id}", f"--steps={cell.steps}", f"--seed={cell.seed}",
-                f"--workdir={train_dir}", "--progress=false", *train_args]
+                f"--workdir={train_dir}", f"--eval_episodes={episodes}", "--progress=false", *train_args]
         args += [f"--set={key}={value}" for key, value in overrides.items()]
         if cell.qat_bits:
             args += [f"--qat_bits={cell.qat_bits}", f"--quant_delay={cell.quant_delay}"]
@@ -220,7 +221,7 @@ def run_cell(
             args = [f"--precisions=int{cell.qat_bits}", "--activations=dynamic"]
         else:
             args = [f"--precisions={precisions}", "--activations=static"]
-        args += [f"--workdir={train_dir}", f"--episodes={episodes}", f"--out={eval_dir}"]
+        args += [f"--workdir={train_dir}", f"--episodes={episodes}", f"--out={eval_dir}", *eval_args]
         _run_module("launch.ptq", args, log_path)
         done["evaluated"] = True
     return done
@@ -239,11 +240,13 @@ def run_study(
     overrides: Optional[Mapping[str, Mapping[str, str]]] = None,
     skip_incompatible: bool = False,
     train_args: Sequence[str] = (),
+    eval_args: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict:
     """Runs every cell that is not done yet, then writes the study's results and report.
 
-    Returns the paths `study_report.write_study_outputs` wrote.
+    `train_args` / `eval_args` are extra flags for `launch.train` / `launch.ptq`. Returns the
+    paths `study_report.write_study_outputs` wrote.
     """
     parse_precisions(precisions, "static")
     if episodes < 1:
@@ -260,7 +263,7 @@ def run_study(
     io.atomic_write_json(os.path.join(study_dir, "study.json"), plan)
     for index, cell in enumerate(cells, start=1):
         start = time.perf_counter()
-        done = run_cell(cell, study_dir, precisions, episodes, overrides.get(cell.agent, {}), train_args)
+        done = run_cell(cell, study_dir, precisions, episodes, overrides.get(cell.agent, {}), train_args, eval_args)
         what = ", ".join(name for name, happened in done.items() if happened) or "already done"
         log(f"[{index}/{len(cells)}] {cell.label}: {what} ({time.perf_counter() - start:.0f} s)")
     records = [{**dataclasses.asdict(cell), "dir": os.path.join(study_dir, cell.relative_dir)} for cell in cells]

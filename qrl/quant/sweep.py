@@ -82,12 +82,14 @@ def run_sweep(
     latency_batch_sizes: Sequence[int] = (1, 256),
     env_options: Optional[dict] = None,
     log: Callable[[str], None] = print,
+    max_steps: Optional[int] = None,
 ) -> dict:
     """Evaluates `params` (fp32) at every precision; returns a JSON-ready results dict.
 
     Episode i of every precision runs in an environment seeded `seed + i`, so all precisions
     face the same episodes. Calibration states come from fp32 rollouts seeded `seed + 10_000`,
-    divergence states from rollouts seeded `seed + 20_000`.
+    divergence states from rollouts seeded `seed + 20_000`. `max_steps` cuts evaluation
+    episodes (long Atari games in smoke runs).
     """
     if spec.divergence not in DIVERGENCE_KINDS:
         raise ValueError(f"unknown divergence kind {spec.divergence!r}")
@@ -113,7 +115,7 @@ def run_sweep(
         apply = jax.jit(lambda obs, network=network, quantized=quantized: network.apply({"params": quantized}, obs))
         act = jax.jit(lambda obs, apply=apply: spec.outputs_to_actions(apply(obs)))
         policy = lambda obs, act=act: np.asarray(act(obs))
-        result = evaluation.evaluate(policy, env_id, episodes, seed=seed, env_options=env_options)
+        result = evaluation.evaluate(policy, env_id, episodes, seed=seed, max_steps=max_steps, env_options=env_options)
         outputs = apply(divergence_states)
         row = {
             "precision": precision.name,
