@@ -50,9 +50,16 @@ def precision_bits(precision: Precision) -> int:
     return precision.bits
 
 
-def measure_latency_us(fn: Callable[[np.ndarray], Any], inputs: np.ndarray, repeats: int = 200) -> float:
-    """Median wall time of `fn(inputs)` in microseconds, after a warm-up call."""
+def measure_latency_us(fn: Callable[[np.ndarray], Any], inputs: np.ndarray, repeats: int = 200,
+                       budget_seconds: float = 1.0) -> float:
+    """Median wall time of `fn(inputs)` in microseconds, after a warm-up call: `repeats` calls,
+    fewer (at least 5) when they would take longer than `budget_seconds` (a CNN at batch 256
+    takes ≈0.1 s per call here)."""
     jax.block_until_ready(fn(inputs))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(inputs))
+    first = time.perf_counter() - start
+    repeats = int(min(repeats, max(5, budget_seconds / max(first, 1e-9))))
     times = np.empty(repeats)
     for index in range(repeats):
         start = time.perf_counter()
