@@ -12,6 +12,7 @@ import qrl
 from launch.common import require_workdir
 from qrl import envs, io, runtime
 from qrl.checkpointing import Checkpointer
+from qrl.envs.ids import split_env_id
 from qrl.errors import QrlInputError
 from qrl.quant import check_quant_delay, parse_precisions
 from qrl.quant.report import write_ptq_outputs
@@ -97,11 +98,17 @@ def train_run(
     agent = get_agent(agent_name)
     if steps < 1:
         raise QrlInputError(f"steps must be >= 1, got {steps}")
+    on_device = split_env_id(env_id)[0] not in envs.HOST_FAMILIES
+    if on_device:
+        # Making a device env starts JAX's backend: size its thread pool first. One jitted
+        # training program per run wants every core.
+        runtime.configure_jax(0 if xla_threads is None else xla_threads)
     env = envs.make(env_id, seed=seed)
     agent.check_env(env_id, env.action_spec())
-    if xla_threads is None:
-        xla_threads = runtime.recommended_xla_threads(env.observation_spec().shape)
-    runtime.configure_jax(xla_threads)
+    if not on_device:
+        if xla_threads is None:
+            xla_threads = runtime.recommended_xla_threads(env.observation_spec().shape)
+        runtime.configure_jax(xla_threads)
     env.close()
     config = agent.config_for(env_id, overrides or {})
     if config.qat_bits:

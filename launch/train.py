@@ -16,7 +16,7 @@ from launch import common, runs
 from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("agent", "dqn", "Algorithm: dqn.")
+flags.DEFINE_string("agent", "dqn", "Algorithm: dqn, ppo, a2c, ddpg, td3, sac, d4pg.")
 flags.DEFINE_string("env", "gym:CartPole-v1", "Environment id, e.g. gym:CartPole-v1, atari:Pong, dmc:cartpole-balance.")
 flags.DEFINE_integer("steps", 50_000, "Environment steps to train for.")
 flags.DEFINE_integer("seed", 0, "Seed of the agent and the training environments.")

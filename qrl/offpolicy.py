@@ -1,0 +1,522 @@
+"""The continuous-action off-policy training loops (DDPG, TD3, SAC, D4PG), over any agent's
+init / act / update functions.
+
+An agent hands the loops an `OffPolicyAgent`: pure functions built for one config and one pair
+of environment specs. Two paths run them:
+
+- `train_host` (gymnasium, dm_control): N host environments, a numpy replay
+  (`qrl.replay.UniformReplay`, `NStepAccumulator`), one small jitted action call per
+  environment step (the exploration noise is drawn on the host and passed in, so the call
+  holds no key), and `gradient_steps` updates fused into one jitted `lax.scan` every
+  `train_freq` environment steps (SB3's schedule); uniformly random actions for the first
+  `learning_starts` steps.
+- `make_train` (brax, gymnax): the whole run as one pure `train(key)` (vmappable over seeds)
+  with a device replay (`qrl.replay.DeviceReplay`) written by `lax.dynamic_update_slice`, an
+  on-device n-step window, and the same update functions.
+
+`train` picks the path from the environment id. Agents' configs provide the fields the loops
+read: `batch_size`, `buffer_size`, `learning_starts`, `train_freq`, `gradient_steps`, `n_step`,
+`gamma`, `qat_bits`, `quant_delay`, and `to_dict()`.
+"""
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from qrl import envs
+from qrl.checkpointing import Checkpointer
+from qrl.envs.functional import FunctionalEnv, episode_returns, is_device_id, make_functional
+from qrl.errors import QrlInputError
+from qrl.logging import MetricsLogger
+from qrl.quant import Precision, check_quant_delay, qat_precision
+from qrl.replay import DeviceReplay, NStepAccumulator, Transition, UniformReplay, nstep_window_init, nstep_window_push
+from qrl.run_monitor import RECENT_EPISODES, TrainingMonitor
+
+ActFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+PolicyFn = Callable[[Any, jax.Array], jax.Array]
+UpdateFn = Callable[[Any, Transition], tuple[Any, dict]]
+
+
+@dataclasses.dataclass(frozen=True)
+class OffPolicyAgent:
+    """An agent's pure functions for one config and pair of specs.
+
+    `actor_precision` arguments: None for the agent's own training precision (its config's
+    matmul dtype), or the QAT precision once quantization-aware training starts.
+
+    Attributes:
+      name: the agent's name (results, progress bar).
+      init: `key -> train state`.
+      act: `actor_precision -> act(policy_params, observations [N, D], noise [N, A]) -> actions
+        [N, A]` in environment units, exploring with the standard-normal `noise` (Gaussian
+        noise added for deterministic actors, the reparameterized sample for SAC).
+      policy: `actor_precision -> policy(policy_params, observations [N, D]) -> actions [N, A]`,
+        the deterministic policy that evaluation runs.
+      update: `actor_precision -> update(state, batches [K, B, ...]) -> (state, metrics)`, K
+        updates under one `lax.scan`, metrics averaged over them. Not jitted (the loops jit).
+      policy_params: `state -> the actor's params`.
+      update_count: `state -> int32 count of updates taken`.
+    """
+
+    name: str
+    init: Callable[[jax.Array], Any]
+    act: Callable[[Optional[Precision]], ActFn]
+    policy: Callable[[Optional[Precision]], PolicyFn]
+    update: Callable[[Optional[Precision]], UpdateFn]
+    policy_params: Callable[[Any], Any]
+    update_count: Callable[[Any], jax.Array]
+
+
+BuildFn = Callable[[Any, Any, Any], OffPolicyAgent]  # (config, observation_spec, action_spec)
+
+
+# ----- helpers shared by the agents' learning code --------------------------------------------
+
+
+def adam(
+    learning_rate: float, flat: bool = False, max_grad_norm: float = 0.0, l2: float = 0.0
+) -> optax.GradientTransformation:
+    """Adam, optionally after global-norm clipping (`max_grad_norm` > 0) and an L2 penalty's
+    gradient (`l2` > 0, DDPG's critic weight decay). With `flat` the same arithmetic runs on all
+    parameters raveled into one vector (faster with one XLA thread, see `qrl.runtime`)."""
+    parts = []
+    if max_grad_norm > 0:
+        parts.append(optax.clip_by_global_norm(max_grad_norm))
+    if l2 > 0:
+        parts.append(optax.add_decayed_weights(l2))
+    parts.append(optax.adam(learning_rate))
+    optimizer = optax.chain(*parts) if len(parts) > 1 else parts[0]
+    return optax.flatten(optimizer) if flat else optimizer
+
+
+def apply_gradients(optimizer: optax.GradientTransformation, params, grads, opt_state):
+    """One optimizer step: `(params, opt_state)` after `grads`."""
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def polyak(online, target, tau: float):
+    """`tau * online + (1 - tau) * target` leaf by leaf (tau = 1 copies)."""
+    if tau == 1.0:
+        return online
+    return optax.incremental_update(online, target, tau)
+
+
+def fuse(one_update: Callable[[Any, Transition], tuple[Any, dict]]) -> UpdateFn:
+    """`update(state, batches [K, B, ...])`: `one_update` scanned over the K batches, metrics
+    averaged over the K updates."""
+
+    def update(state, batches: Transition):
+        state, metrics = jax.lax.scan(one_update, state, batches)
+        return state, jax.tree.map(jnp.mean, metrics)
+
+    return update
+
+
+def gaussian_exploration(policy: PolicyFn, low, high, sigma: float) -> ActFn:
+    """`act(params, observations, noise)`: the deterministic action plus `sigma * noise` in units
+    of the action range's half width, clipped to the bounds (TD3 / SB3's NormalActionNoise on
+    actions rescaled to [-1, 1])."""
+    low, high = jnp.asarray(low, jnp.float32), jnp.asarray(high, jnp.float32)
+    half_range = 0.5 * (high - low)
+
+    def act(params, observations, noise):
+        actions = policy(params, observations)
+        return jnp.clip(actions + sigma * half_range * noise, low, high)
+
+    return act
+
+
+def check_continuous(agent: str, env_id: str, action_spec) -> None:
+    """The off-policy actor-critic agents need continuous (Box / BoundedArray) actions."""
+    if envs.is_discrete(action_spec):
+        raise QrlInputError(f"agent {agent} needs continuous actions; {env_id} has discrete actions")
+
+
+def _bounds(action_spec) -> tuple[np.ndarray, np.ndarray]:
+    shape = tuple(action_spec.shape)
+    low = np.broadcast_to(np.asarray(action_spec.minimum, np.float32), shape).copy()
+    high = np.broadcast_to(np.asarray(action_spec.maximum, np.float32), shape).copy()
+    return low, high
+
+
+def _qat_precisions(config) -> tuple[Optional[Precision], ...]:
+    """The actor precisions a run trains at: the agent's own, then QAT's when `qat_bits` > 0."""
+    return (None, qat_precision(config.qat_bits)) if config.qat_bits else (None,)
+
+
+# ----- the host loop -------------------------------------------------------------------------
+
+
+def train_host(
+    build: BuildFn,
+    check_env: Callable[[str, Any], None],
+    config,
+    env_id: str,
+    steps: int,
+    seed: int = 0,
+    workdir: Optional[str] = None,
+    num_envs: int = 1,
+    eval_episodes: int = 10,
+    eval_every: int = 0,
+    checkpoint_every: int = 0,
+    log_every: int = 1_000,
+    progress: bool = True,
+    env_options: Optional[dict] = None,
+) -> tuple[Any, dict]:
+    """Trains on `num_envs` host environments of `env_id` for `steps` environment steps.
+
+    Returns the final train state and the results dict of `qrl.run_monitor.TrainingMonitor`
+    (plus `qat_bits`, `quant_delay`). See the module docstring for the schedule.
+    """
+    env_options = dict(env_options or {})
+    vector_env = envs.make_vector(env_id, num_envs, seed, **env_options)
+    observation_spec, action_spec = vector_env.observation_spec(), vector_env.action_spec()
+    check_env(env_id, action_spec)
+    if config.qat_bits:
+        check_quant_delay(config.quant_delay, steps)
+    agent = build(config, observation_spec, action_spec)
+    low, high = _bounds(action_spec)
+    action_shape = (num_envs,) + tuple(action_spec.shape)
+
+    state = agent.init(jax.random.PRNGKey(seed))
+    precisions = _qat_precisions(config)
+    acts = {precision: jax.jit(agent.act(precision)) for precision in precisions}
+    policies = {precision: jax.jit(agent.policy(precision)) for precision in precisions}
+    updates = {precision: jax.jit(agent.update(precision), donate_argnums=0) for precision in precisions}
+    precision = None
+
+    def evaluation_policy(observations):
+        return np.asarray(policies[precision](agent.policy_params(state), observations))
+
+    replay = UniformReplay(config.buffer_size, seed=seed)
+    accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(num_envs)]
+    rng = np.random.default_rng(seed)
+    monitor = TrainingMonitor(
+        agent.name, env_id, steps, seed, workdir, evaluation_policy,
+        eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
+    )
+
+    episode_returns_now = np.zeros(num_envs)
+    env_steps = 0
+    next_train = max(config.learning_starts, config.train_freq)
+    observations = vector_env.reset()
+    while env_steps < steps:
+        if config.qat_bits and env_steps >= config.quant_delay:
+            precision = precisions[-1]
+        if env_steps < config.learning_starts:
+            actions = rng.uniform(low, high, action_shape).astype(np.float32)
+        else:
+            noise = rng.standard_normal(action_shape, dtype=np.float32)
+            actions = np.asarray(acts[precision](agent.policy_params(state), observations, noise))
+        timestep = vector_env.step(actions)
+        for index in range(num_envs):
+            if timestep.step_type[index] == 0:  # FIRST: the env had not been reset; nothing to learn.
+                continue
+            episode_end = bool(timestep.step_type[index] == 2)
+            for transition in accumulators[index].add(
+                observations[index], actions[index], timestep.reward[index], timestep.discount[index],
+                timestep.final_observation[index], episode_end,
+            ):
+                replay.add(transition)
+            episode_returns_now[index] += timestep.reward[index]
+            if episode_end:
+                monitor.episode_finished(episode_returns_now[index])
+                episode_returns_now[index] = 0.0
+        observations = timestep.observation
+        env_steps += num_envs
+
+        train_metrics = None
+        if env_steps >= next_train and len(replay):
+            while next_train <= env_steps:
+                batches = replay.sample(config.batch_size, config.gradient_steps)
+                state, train_metrics = updates[precision](state, batches)
+                next_train += config.train_freq
+        monitor.step(env_steps, state, train_metrics, config)
+
+    vector_env.close()
+    results = monitor.finish(
+        env_steps, state, config, updates=int(agent.update_count(state)),
+        extra={"qat_bits": config.qat_bits, "quant_delay": config.quant_delay},
+    )
+    return state, results
+
+
+# ----- the on-device loop --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSchedule:
+    """How `make_train` lays a run of `steps` environment steps out in iterations.
+
+    One iteration steps all N envs `rollout` times (`rollout * N` environment steps), then
+    takes `updates_per_iteration` fused updates, so updates per environment step match the
+    host loop's `gradient_steps / train_freq`. Warm-up iterations act uniformly at random and
+    do not update; QAT iterations (from `quant_delay` on) train the actor fake-quantized.
+    """
+
+    rollout: int
+    updates_per_iteration: int
+    warmup_iterations: int
+    fp32_iterations: int
+    qat_iterations: int
+
+    @classmethod
+    def for_run(cls, config, num_envs: int, steps: int) -> "DeviceSchedule":
+        rollout = max(1, config.train_freq // num_envs)
+        per_iteration = rollout * num_envs
+        updates = max(1, round(per_iteration * config.gradient_steps / config.train_freq))
+        total = -(-steps // per_iteration)
+        warmup = min(total, -(-config.learning_starts // per_iteration))
+        qat_start = total
+        if config.qat_bits:
+            qat_start = min(total, max(warmup, -(-config.quant_delay // per_iteration)))
+        return cls(rollout, updates, warmup, qat_start - warmup, total - qat_start)
+
+
+def make_train(
+    agent: OffPolicyAgent,
+    config,
+    env: FunctionalEnv,
+    steps: int,
+    eval_env: Optional[FunctionalEnv] = None,
+) -> Callable[[jax.Array], tuple[Any, dict]]:
+    """`train(key) -> (state, summary)`: a whole run on device, pure (jit it; vmap it over keys).
+
+    `env` is N functional environments (`qrl.envs.make_functional`); `eval_env`, when given,
+    runs the final deterministic policy for one episode in each of its environments. `summary`
+    holds device arrays: `env_steps`, `updates`, `episodes`, `recent_returns [10]` (the latest
+    finished training episodes, NaN-padded), `metrics` (the last iteration's update metrics), and
+    `eval_returns [E]` and `eval_lengths [E]` when there is an `eval_env`.
+    """
+    num_envs = env.num_envs
+    schedule = DeviceSchedule.for_run(config, num_envs, steps)
+    action_spec = env.action_spec()
+    low, high = (jnp.asarray(bound) for bound in _bounds(action_spec))
+    action_shape = (num_envs,) + tuple(action_spec.shape)
+    replay = DeviceReplay(config.buffer_size, num_envs)
+    precisions = _qat_precisions(config)
+
+    def env_step(carry, act):
+        state, env_state, observations, replay_state, window, stats, key = carry
+        key, noise_key, step_key = jax.random.split(key, 3)
+        if act is None:
+            actions = jax.random.uniform(noise_key, action_shape, jnp.float32, low, high)
+        else:
+            noise = jax.random.normal(noise_key, action_shape, jnp.float32)
+            actions = act(agent.policy_params(state), observations, noise)
+        env_state, timestep = env.step(env_state, actions, step_key)
+        done = timestep.step_type == 2
+        window, transition, valid = nstep_window_push(
+            window, observations, actions, timestep.reward, timestep.discount, done,
+            timestep.final_observation, config.gamma,
+        )
+        replay_state = replay.add(replay_state, transition, valid)
+        stats = _record_episodes(stats, timestep.reward, done)
+        return (state, env_state, timestep.observation, replay_state, window, stats, key)
+
+    def iteration(carry, act, update):
+        carry = jax.lax.fori_loop(0, schedule.rollout, lambda _, c: env_step(c, act), carry)
+        if update is None:
+            return carry, {}
+        state, env_state, observations, replay_state, window, stats, key = carry
+        key, sample_key = jax.random.split(key)
+        batches = replay.sample(replay_state, sample_key, config.batch_size, schedule.updates_per_iteration)
+        state, metrics = update(state, batches)
+        return (state, env_state, observations, replay_state, window, stats, key), metrics
+
+    def run_phase(carry, iterations, act, update, metrics):
+        """`iterations` iterations under one scan; returns the last iteration's metrics."""
+        if iterations == 0:
+            return carry, metrics
+        carry, phase_metrics = jax.lax.scan(lambda c, _: iteration(c, act, update), carry, None, iterations)
+        if update is None:
+            return carry, metrics
+        return carry, jax.tree.map(lambda m: m[-1], phase_metrics)
+
+    def train(key):
+        init_key, reset_key, loop_key, eval_key = jax.random.split(key, 4)
+        state = agent.init(init_key)
+        env_state, observations = env.reset(reset_key)
+        example = Transition(
+            observation=observations[0],
+            action=jnp.zeros(action_shape[1:], jnp.float32),
+            reward=jnp.zeros((), jnp.float32),
+            discount=jnp.zeros((), jnp.float32),
+            next_observation=observations[0],
+        )
+        window = nstep_window_init(config.n_step, observations, jnp.zeros(action_shape, jnp.float32))
+        carry = (state, env_state, observations, replay.init(example), window, _episode_stats_init(num_envs), loop_key)
+        metrics = jax.eval_shape(agent.update(None), state, _batch_like(example, config.batch_size))[1]
+        metrics = jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype), metrics)
+        carry, _ = run_phase(carry, schedule.warmup_iterations, None, None, metrics)
+        carry, metrics = run_phase(
+            carry, schedule.fp32_iterations, agent.act(precisions[0]), agent.update(precisions[0]), metrics
+        )
+        carry, metrics = run_phase(
+            carry, schedule.qat_iterations, agent.act(precisions[-1]), agent.update(precisions[-1]), metrics
+        )
+        state, *_, stats, _ = carry
+        iterations = schedule.warmup_iterations + schedule.fp32_iterations + schedule.qat_iterations
+        summary = {
+            "env_steps": jnp.asarray(iterations * schedule.rollout * num_envs, jnp.int32),
+            "updates": agent.update_count(state),
+            "episodes": stats["episodes"],
+            "recent_returns": _recent_in_order(stats),
+            "metrics": metrics,
+        }
+        if eval_env is not None:
+            policy = agent.policy(precisions[-1] if schedule.qat_iterations else precisions[0])
+            params = agent.policy_params(state)
+            summary["eval_returns"], summary["eval_lengths"] = episode_returns(
+                eval_env, lambda obs: policy(params, obs), eval_key
+            )
+        return state, summary
+
+    return train
+
+
+def _batch_like(example: Transition, batch_size: int) -> Transition:
+    return jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct((1, batch_size) + jnp.shape(leaf), jnp.asarray(leaf).dtype), example
+    )
+
+
+def _episode_stats_init(num_envs: int) -> dict:
+    return {
+        "running": jnp.zeros((num_envs,), jnp.float32),
+        "episodes": jnp.zeros((), jnp.int32),
+        "recent": jnp.full((RECENT_EPISODES,), jnp.nan, jnp.float32),
+    }
+
+
+def _record_episodes(stats: dict, reward: jax.Array, done: jax.Array) -> dict:
+    """Adds `reward [N]` to the running returns; finished episodes go into the recent ring."""
+    running = stats["running"] + reward
+    rank = jnp.cumsum(done.astype(jnp.int32)) - 1  # order of the finished episodes in this step
+    slots = jnp.where(done, (stats["episodes"] + rank) % RECENT_EPISODES, RECENT_EPISODES)
+    recent = stats["recent"].at[slots].set(running, mode="drop")
+    return {
+        "running": jnp.where(done, 0.0, running),
+        "episodes": stats["episodes"] + jnp.sum(done.astype(jnp.int32)),
+        "recent": recent,
+    }
+
+
+def _recent_in_order(stats: dict) -> jax.Array:
+    """The recent ring `[10]` oldest first (NaN where fewer episodes finished)."""
+    return jnp.roll(stats["recent"], -(stats["episodes"] % RECENT_EPISODES))
+
+
+def train_on_device(
+    build: BuildFn,
+    check_env: Callable[[str, Any], None],
+    config,
+    env_id: str,
+    steps: int,
+    seed: int = 0,
+    workdir: Optional[str] = None,
+    num_envs: int = 1,
+    eval_episodes: int = 10,
+    progress: bool = True,
+    env_options: Optional[dict] = None,
+) -> tuple[Any, dict]:
+    """Runs `make_train` for a device id (`brax:`, `gymnax:`) and returns `(state, results)`
+    with the host loop's result keys. `steps_per_second` excludes compilation (reported as
+    `compile_seconds`). With a `workdir`, writes the final metrics row and a checkpoint."""
+    del progress  # one compiled call: there is nothing to report until it returns.
+    env_options = dict(env_options or {})
+    env = make_functional(env_id, num_envs, **env_options)
+    check_env(env_id, env.action_spec())
+    if config.qat_bits:
+        check_quant_delay(config.quant_delay, steps)
+    eval_env = make_functional(env_id, eval_episodes, **env_options)
+    agent = build(config, env.observation_spec(), env.action_spec())
+    train_fn = jax.jit(make_train(agent, config, env, steps, eval_env))
+    key = jax.random.PRNGKey(seed)
+    start = time.perf_counter()
+    compiled = train_fn.lower(key).compile()
+    compile_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    state, summary = jax.block_until_ready(compiled(key))
+    train_seconds = time.perf_counter() - start
+    summary = jax.tree.map(np.asarray, summary)
+    eval_returns = [float(value) for value in summary["eval_returns"]]
+    env_steps = int(summary["env_steps"])
+    final_eval = {  # EvalResult.to_dict()'s keys; episodes start from a key split off PRNGKey(seed).
+        "env_id": env_id,
+        "seed": seed,
+        "episodes": len(eval_returns),
+        "mean": float(np.mean(eval_returns)),
+        "std": float(np.std(eval_returns)),
+        "returns": eval_returns,
+        "lengths": [int(value) for value in summary["eval_lengths"]],
+    }
+    recent = [float(value) for value in summary["recent_returns"] if np.isfinite(value)]
+    results = {
+        "agent": agent.name,
+        "env": env_id,
+        "seed": seed,
+        "env_steps": env_steps,
+        "updates": int(summary["updates"]),
+        "episodes": int(summary["episodes"]),
+        "train_seconds": train_seconds,
+        "compile_seconds": compile_seconds,
+        "steps_per_second": env_steps / max(train_seconds, 1e-9),
+        "final_eval": final_eval,
+        "evaluations": [],
+        "last_train_returns": recent,
+        "qat_bits": config.qat_bits,
+        "quant_delay": config.quant_delay,
+        "on_device": True,
+    }
+    if workdir:
+        metrics = {key: float(value) for key, value in summary["metrics"].items()}
+        with MetricsLogger(workdir) as logger:
+            row = {"episodes": results["episodes"], "steps_per_second": results["steps_per_second"], **metrics}
+            if recent:
+                row["episode_return"] = float(np.mean(recent))
+            logger.write(env_steps, row)
+            logger.write(env_steps, {"eval_return": final_eval["mean"], "eval_return_std": final_eval["std"]})
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
+        checkpointer.save(env_steps, state, extra={"env_steps": env_steps, "config": config.to_dict()})
+        checkpointer.close()
+    return state, results
+
+
+def train(
+    build: BuildFn,
+    check_env: Callable[[str, Any], None],
+    config,
+    env_id: str,
+    steps: int,
+    seed: int = 0,
+    workdir: Optional[str] = None,
+    num_envs: int = 1,
+    eval_episodes: int = 10,
+    eval_every: int = 0,
+    checkpoint_every: int = 0,
+    log_every: int = 1_000,
+    progress: bool = True,
+    env_options: Optional[dict] = None,
+) -> tuple[Any, dict]:
+    """The host loop for host ids (gym, dmc), the on-device loop for brax / gymnax ids.
+
+    On device, `eval_every` and `checkpoint_every` do not apply (the run is one compiled call).
+    """
+    if steps < 1:
+        raise QrlInputError(f"steps must be >= 1, got {steps}")
+    if is_device_id(env_id):
+        return train_on_device(
+            build, check_env, config, env_id, steps, seed, workdir, num_envs, eval_episodes, progress, env_options
+        )
+    return train_host(
+        build, check_env, config, env_id, steps, seed, workdir, num_envs, eval_episodes, eval_every,
+        checkpoint_every, log_every, progress, env_options,
+    )
