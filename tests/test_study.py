@@ -64,3 +64,26 @@ def test_study_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
     workdir = str(tmp_path / "study")
     assert_input_error(run_module("launch.quarl_study", f"--workdir={workdir}", "--steps=100", *args), fragment)
     assert not os.path.exists(os.path.join(workdir, "cells"))
+
+
+def test_study_runs_on_every_environment_family(tmp_path):
+    """Atari (CNN), gymnasium MuJoCo, dm_control and brax cells, a few steps each; incompatible
+    pairs of the grid are skipped with a line saying why."""
+    workdir = str(tmp_path / "families")
+    completed = run_module(
+        "launch.quarl_study", f"--workdir={workdir}", "--agents=dqn,sac",
+        "--envs=atari:Pong,gym:HalfCheetah-v5,dmc:cartpole-balance,brax:halfcheetah", "--skip_incompatible",
+        "--steps=200", "--set=dqn.buffer_size=1000", "--set=dqn.learning_starts=1000",
+        "--set=sac.learning_starts=100", "--set=sac.batch_size=32", "--set=sac.buffer_size=1000",
+        "--episodes=1", "--eval_max_steps=20", "--probe_steps=32", "--precisions=fp32,int8", "--qat_bits=",
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "skipping dqn × brax:halfcheetah" in completed.stdout and "skipping sac × atari:Pong" in completed.stdout
+    with open(os.path.join(workdir, "results.json")) as file:
+        pairs = {(pair["agent"], pair["env"]): pair for pair in json.load(file)["pairs"]}
+    assert set(pairs) == {("dqn", "atari:Pong"), ("sac", "gym:HalfCheetah-v5"), ("sac", "dmc:cartpole-balance"),
+                          ("sac", "brax:halfcheetah")}
+    for pair in pairs.values():
+        assert [row["precision"] for row in pair["ptq"]] == ["fp32", "int8"]
+    assert pairs[("dqn", "atari:Pong")]["divergence"] == "categorical"
+    assert pairs[("sac", "brax:halfcheetah")]["divergence"] == "deterministic"
