@@ -12,7 +12,7 @@ from types import ModuleType
 
 from qrl.errors import QrlInputError
 
-AGENT_NAMES = ("dqn", "ddpg", "td3", "sac", "d4pg")
+AGENT_NAMES = ("dqn", "ppo", "a2c", "ddpg", "td3", "sac", "d4pg")
 
 
 def get_agent(name: str) -> ModuleType:

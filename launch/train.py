@@ -21,7 +21,7 @@ flags.DEFINE_string("env", "gym:CartPole-v1", "Environment id, e.g. gym:CartPole
 flags.DEFINE_integer("steps", 50_000, "Environment steps to train for.")
 flags.DEFINE_integer("seed", 0, "Seed of the agent and the training environments.")
 flags.DEFINE_string("workdir", None, "Directory for everything the run writes (required).")
-flags.DEFINE_integer("num_envs", 1, "Host environments stepped together.")
+flags.DEFINE_integer("num_envs", None, "Environments stepped together (default: the agent's preset, else 1).")
 flags.DEFINE_integer("eval_episodes", 10, "Episodes of each evaluation.")
 flags.DEFINE_integer("eval_every", 0, "Evaluate every N environment steps (0: only at the end).")
 flags.DEFINE_integer("checkpoint_every", 0, "Checkpoint every N environment steps (0: only at the end).")
@@ -38,18 +38,20 @@ flags.DEFINE_bool("progress", True, "Show a progress bar (periodic one-line summ
 
 def run() -> None:
     overrides = common.parse_overrides(FLAGS.set)
+    train_options = {}
     if FLAGS.qat_bits is not None:
         overrides["qat_bits"] = FLAGS.qat_bits
     if FLAGS.quant_delay is not None:
         if FLAGS.qat_bits is None:
             raise QrlInputError("--quant_delay needs --qat_bits")
         overrides["quant_delay"] = FLAGS.quant_delay
+    if FLAGS.num_envs is not None:
+        train_options["num_envs"] = FLAGS.num_envs
     results = runs.train_run(
         FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, common.require_workdir(FLAGS.workdir),
         overrides=overrides, overwrite=FLAGS.overwrite, xla_threads=FLAGS.xla_threads,
-        num_envs=FLAGS.num_envs,
         eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
-        progress=FLAGS.progress,
+        progress=FLAGS.progress, **train_options,
     )
     final = results["final_eval"]
     print(

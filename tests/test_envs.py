@@ -22,7 +22,7 @@ def run_episode(env, actions):
 
 
 def test_known_families():
-    assert KNOWN_FAMILIES == ("gym", "atari", "dmc", "brax")
+    assert KNOWN_FAMILIES == ("gym", "atari", "dmc", "brax", "gymnax")
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ import numpy as np
 
 from qrl.errors import QrlInputError
 
-KNOWN_FAMILIES = ("gym", "atari", "dmc", "brax")
+KNOWN_FAMILIES = ("gym", "atari", "dmc", "brax", "gymnax")
 HOST_FAMILIES = ("gym", "atari", "dmc")
+DEVICE_FAMILIES = ("brax", "gymnax")  # JAX-native: stepped on device under jit
 EXAMPLE_IDS = "gym:CartPole-v1, atari:Pong, dmc:walker-walk, brax:halfcheetah"
 
 

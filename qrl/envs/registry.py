@@ -16,8 +16,9 @@ def make(env_id: str, seed: int = 0, **options) -> dm_env.Environment:
 
     Ids: `gym:<gymnasium id>` (classic control, MuJoCo v5), `atari:<Game>` (ALE with DQN
     preprocessing; options `sticky_actions`, `episodic_life`, `full_action_space`, `noop_max`),
-    `dmc:<domain>-<task>` (dm_control suite; options `time_limit`, `environment_kwargs`) and
-    `brax:<name>` (batched and jitted; options `batch_size`, `episode_length`, `backend`).
+    `dmc:<domain>-<task>` (dm_control suite; options `time_limit`, `environment_kwargs`),
+    `brax:<name>` (batched and jitted; options `batch_size`, `episode_length`, `backend`) and
+    `gymnax:<name>` (batched and jitted; options `batch_size`, `episode_length`).
     Unknown ids or options raise `QrlInputError` with one line naming what exists.
     """
     family, name = split_env_id(env_id)
