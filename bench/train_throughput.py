@@ -49,7 +49,8 @@ PPO_ZOO_SBX = {
 SAC_SBX = {"pendulum": {"learning_rate": 1e-3, "learning_starts": 100},
            "halfcheetah": {"learning_starts": 5_000}}
 
-# case -> (env id, steps, quick steps, threshold, target, baseline candidate, candidates).
+# case -> (env id, steps, quick steps, threshold, target, baseline candidate (or a map from
+# candidate to its own baseline), candidates).
 # A candidate is (name, kind, spec): kind "qrl" trains agent spec["agent"] with spec["overrides"]
 # on spec["env"] (default: the case's env); kind "sbx" runs the peer with spec as hyperparameters.
 CASES: dict[str, dict] = {
@@ -82,7 +83,8 @@ CASES: dict[str, dict] = {
         ],
     ),
     "qat": dict(
-        env="gym:CartPole-v1", steps=50_000, quick_steps=3_000, threshold=475.0, target=None, baseline="dqn fp32",
+        env="gym:CartPole-v1", steps=50_000, quick_steps=3_000, threshold=475.0, target=None,
+        baseline={"dqn qat8": "dqn fp32", "ppo qat8": "ppo fp32"},
         candidates=[
             ("dqn fp32", "qrl", {"agent": "dqn", "overrides": {}}),
             ("dqn qat8", "qrl", {"agent": "dqn", "overrides": {"qat_bits": 8, "quant_delay": 0}}),
@@ -173,7 +175,12 @@ def summarize(case_name: str, case: dict, runs: list[dict]) -> dict:
     summary = {"medians": medians, "ratios": {}, "target": case["target"]}
     baseline = case["baseline"]
     parts = [f"{name} {value:.0f}" for name, value in medians.items()]
-    if baseline in medians:
+    if isinstance(baseline, dict):
+        for name, reference in baseline.items():
+            if name in medians and reference in medians:
+                summary["ratios"][name] = medians[name] / medians[reference]
+        parts.append("ratios: " + ", ".join(f"{name} / {baseline[name]} {ratio:.2f}×" for name, ratio in summary["ratios"].items()))
+    elif baseline in medians:
         for name, value in medians.items():
             if name != baseline:
                 summary["ratios"][name] = value / medians[baseline]

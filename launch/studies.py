@@ -46,9 +46,10 @@ DEFAULT_STEPS: dict[tuple[str, str], int] = {
     ("a2c", "gym:CartPole-v1"): 200_000,
     ("ppo", "gym:Pendulum-v1"): 300_000,
     ("sac", "gym:Pendulum-v1"): 15_000,
-    ("td3", "gym:Pendulum-v1"): 15_000,
-    ("ddpg", "gym:Pendulum-v1"): 15_000,
+    ("td3", "gym:Pendulum-v1"): 20_000,  # its zoo preset acts randomly for the first 10k steps.
+    ("ddpg", "gym:Pendulum-v1"): 20_000,  # likewise.
     ("d4pg", "gym:Pendulum-v1"): 20_000,
+    ("ppo", "gymnax:Breakout-MinAtar"): 1_000_000,
 }
 FALLBACK_STEPS = 100_000
 

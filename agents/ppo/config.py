@@ -84,6 +84,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         learning_rate_schedule="linear", gamma=0.99, gae_lambda=0.95, clip_range=0.2, clip_range_vf=0.2,
         ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5,
     ),
+    # Schulman et al. 2017's Atari settings (Table 5: 128-step rollouts, 4 epochs, entropy 0.01,
+    # annealed Adam 2.5e-4, clipping 0.1 annealed) with 16 envs and 4 minibatches for MinAtar's
+    # 10×10 frames (Young & Tian 2019), whose episodes are short and rewards frequent.
+    "gymnax:Breakout-MinAtar": dict(
+        num_envs=16, num_steps=128, batch_size=512, num_epochs=4, learning_rate=2.5e-4,
+        learning_rate_schedule="linear", gamma=0.99, gae_lambda=0.95, clip_range=0.1,
+        clip_range_schedule="linear", ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, activation="relu",
+    ),
 }
 
 

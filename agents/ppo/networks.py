@@ -1,7 +1,7 @@
 """Separate actor and critic networks (SB3's MlpPolicy / PureJaxRL's ActorCritic layout).
 
 Both are a torso — an MLP with orthogonal initialization (gain √2) for vector observations,
-the Nature CNN for `[H, W, C]` frames — and a linear head: the actor's outputs logits
+the Nature CNN for `[H, W, C]` frames (the MinAtar CNN for 10×10 grids) — and a linear head: the actor's outputs logits
 (discrete actions) or the Gaussian mean (continuous; the state-independent log-std lives
 beside the networks in the params, see `qrl.onpolicy.ActorCritic`), initialized with gain
 0.01; the critic's outputs one value, gain 1 (Engstrom et al. 2020 / SB3 `ortho_init`).
@@ -17,7 +17,7 @@ import jax
 from dm_env import specs
 
 from qrl import envs
-from qrl.networks import Dense, NatureCNN, torso_for_observation
+from qrl.networks import Dense, MinAtarCNN, NatureCNN, torso_for_observation
 from qrl.onpolicy import ActorCritic, PolicyHead
 from qrl.quant import FP32, Precision
 
@@ -26,7 +26,8 @@ ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
 
 class Torso(nn.Module):
     """`mlp`: Dense layers of `hidden_sizes`, orthogonal(√2) init, `activation` after each;
-    `cnn`: the Nature CNN (uint8 frames scaled to [0, 1])."""
+    `cnn`: the Nature CNN (uint8 frames scaled to [0, 1]); `minatar_cnn`: the MinAtar torso
+    (10×10 grids)."""
 
     kind: str = "mlp"
     hidden_sizes: Sequence[int] = (64, 64)
@@ -37,6 +38,8 @@ class Torso(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.kind == "cnn":
             return NatureCNN(precision=self.precision, name="cnn")(x)
+        if self.kind == "minatar_cnn":
+            return MinAtarCNN(precision=self.precision, name="cnn")(x)
         for index, size in enumerate(self.hidden_sizes):
             x = Dense(size, precision=self.precision, kernel_init=nn.initializers.orthogonal(math.sqrt(2.0)),
                       name=f"dense_{index}")(x)

@@ -1,0 +1,54 @@
+"""bench/train_throughput.py: the qrl and sbx sides share hyperparameters; a quick qrl-only run."""
+
+import os
+import subprocess
+import sys
+
+from bench.train_throughput import CASES, PPO_ZOO_SBX, summarize
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_ppo_case_matches_the_zoo_preset_qrl_trains_with():
+    from agents.ppo import config_for
+
+    config = config_for("gym:CartPole-v1")
+    assert (config.num_envs, config.num_steps, config.batch_size, config.num_epochs) == (
+        PPO_ZOO_SBX["n_envs"], PPO_ZOO_SBX["n_steps"], PPO_ZOO_SBX["batch_size"], PPO_ZOO_SBX["n_epochs"])
+    assert (config.gamma, config.gae_lambda, config.learning_rate, config.clip_range, config.ent_coef) == (
+        PPO_ZOO_SBX["gamma"], PPO_ZOO_SBX["gae_lambda"], PPO_ZOO_SBX["learning_rate"], PPO_ZOO_SBX["clip_range"],
+        PPO_ZOO_SBX["ent_coef"])
+    assert config.learning_rate_schedule == config.clip_range_schedule == "linear"
+    assert set(PPO_ZOO_SBX["linear"]) == {"learning_rate", "clip_range"}
+    assert tuple(PPO_ZOO_SBX["net_arch"]) == config.hidden_sizes and config.activation == "tanh"
+
+
+def test_sac_cases_match_the_presets():
+    from agents.sac import config_for
+
+    assert config_for("gym:Pendulum-v1").learning_rate == 1e-3
+    case = CASES["sac_pendulum"]
+    sbx = next(spec for name, kind, spec in case["candidates"] if kind == "sbx")
+    assert sbx["learning_rate"] == 1e-3 and sbx["learning_starts"] == 100
+
+
+def test_summary_ratios_per_baseline_map_and_target():
+    runs = [{"name": "dqn fp32", "steps_per_second": 100.0}, {"name": "dqn qat8", "steps_per_second": 80.0},
+            {"name": "ppo fp32", "steps_per_second": 50.0}, {"name": "ppo qat8", "steps_per_second": 45.0}]
+    summary = summarize("qat", CASES["qat"], runs)
+    assert summary["ratios"] == {"dqn qat8": 0.8, "ppo qat8": 0.9}
+    runs = [{"name": "qrl", "steps_per_second": 9000.0}, {"name": "sbx", "steps_per_second": 2000.0}]
+    summary = summarize("ppo_cartpole", CASES["ppo_cartpole"], runs)
+    assert summary["ratios"] == {"qrl": 4.5} and summary["passed"] is True
+
+
+def test_quick_run_without_peer():
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.train_throughput", "--case=ppo_cartpole,qat", "--quick",
+         "--peer-python=/nonexistent/python"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "sbx: skipped" in completed.stdout
+    assert "ppo_cartpole    round 1  qrl" in completed.stdout
+    assert "ratios: dqn qat8 / dqn fp32" in completed.stdout
