@@ -37,6 +37,8 @@ bench-deps: $(BENCH_VENV)/.installed
 bench: $(INSTALLED) $(BENCH_VENV)/.installed
 	$(PY) -m bench.inference --peer_python=$(BENCH_VENV)/bin/python
 	$(PY) -m bench.dqn_throughput
+	$(PY) -m bench.train_throughput --case=all
+	$(PY) -m bench.qat_overhead
 
 clean:
 	rm -rf runs MUJOCO_LOG.TXT
