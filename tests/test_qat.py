@@ -156,3 +156,19 @@ def test_jitted_exporter_matches_export_params():
     for a, b in zip(jax.tree.leaves(jitted), jax.tree.leaves(reference)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert jax.tree.structure(jitted) == jax.tree.structure(reference)
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--agent=dqn", "--env=gym:Pendulum-v1"], "agent dqn needs discrete actions"),
+    (["--agent=sac", "--env=gym:CartPole-v1"], "agent sac needs continuous actions"),
+    (["--qat_bits=9"], "qat_bits must be in 2..8"),
+    (["--agent=ppo", "--qat_bits=1"], "qat_bits must be in 2..8"),
+    (["--qat_bits=8", "--quant_delay=1000"], "quant_delay 1000 is not shorter than the training run (1000 steps)"),
+    (["--quant_delay=10"], "--quant_delay needs --qat_bits"),
+])
+def test_train_cli_rejects_bad_qat_and_pairs_before_writing(tmp_path, args, fragment):
+    from tests.test_cli import assert_input_error, run_module
+
+    workdir = tmp_path / "run"
+    assert_input_error(run_module("launch.train", f"--workdir={workdir}", "--steps=1000", *args), fragment)
+    assert not workdir.exists()
