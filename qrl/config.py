@@ -1,12 +1,14 @@
 """Checked overrides of agents' frozen config dataclasses (from flags, JSON or presets).
 
 Every agent's `config.py` keeps its own defaults, presets and `validate`; the parsing of
-`key=value` overrides and the checks they all share live here.
+`key=value` overrides, the checks they all share, the `ConfigMethods` mixin and `config_for`
+live here.
 """
 
 import dataclasses
-from typing import Any, Iterable, Mapping, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, TypeVar
 
+from qrl import runtime
 from qrl.errors import QrlInputError
 
 QAT_MIN_BITS = 2
@@ -89,3 +91,48 @@ def check_qat_fields(config: Any, agent_name: str) -> None:
         )
     if config.quant_delay < 0:
         raise QrlInputError(f"{agent_name.upper()} config quant_delay must be >= 0, got {config.quant_delay}")
+
+
+class ConfigMethods:
+    """`replace`, `to_dict`, `from_dict` and `override` for an agent's frozen config dataclass.
+
+    Subclass as `class Config(ConfigMethods, agent="dqn", validate=validate)`: `agent` names the
+    agent in error messages, `validate(config)` raises for values that cannot train.
+    """
+
+    agent_name: ClassVar[str]
+    _validate: ClassVar[Callable[[Any], None]]
+
+    def __init_subclass__(cls, agent: str, validate: Callable[[Any], None], **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.agent_name = agent
+        cls._validate = staticmethod(validate)
+
+    def replace(self: ConfigT, **changes: Any) -> ConfigT:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]):
+        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
+        return cls().override(values)
+
+    def override(self: ConfigT, values: Mapping[str, Any]) -> ConfigT:
+        """`self` with `values` applied (names and types checked), then validated."""
+        config = override(self, values, self.agent_name)
+        self._validate(config)
+        return config
+
+
+def config_for(
+    config_class: type, presets: Mapping[str, Mapping[str, Any]], env_id: str,
+    values: Optional[Mapping[str, Any]] = None,
+):
+    """`config_class`'s defaults, then `presets[env_id]` if there is one, then `values`, validated.
+
+    `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
+    """
+    defaults = config_class(flat_optimizer=runtime.single_threaded_xla())
+    return defaults.override({**presets.get(env_id, {}), **dict(values or {})})

@@ -14,9 +14,11 @@ of environment specs. Two paths run them:
   with a device replay (`qrl.replay.DeviceReplay`) written by `lax.dynamic_update_slice`, an
   on-device n-step window, and the same update functions.
 
-`train` picks the path from the environment id. Agents' configs provide the fields the loops
-read: `batch_size`, `buffer_size`, `learning_starts`, `train_freq`, `gradient_steps`, `n_step`,
-`gamma`, `qat_bits`, `quant_delay`, and `to_dict()`.
+`train` picks the path from the environment id; `AgentFunctions` turns an agent's learning and
+acting functions into what its package exposes; DQN's host loop shares `TransitionRecorder`.
+Agents' configs provide the fields the loops read: `batch_size`, `buffer_size`,
+`learning_starts`, `train_freq`, `gradient_steps`, `n_step`, `gamma`, `qat_bits`,
+`quant_delay`, and `to_dict()`.
 """
 
 import dataclasses
@@ -34,7 +36,9 @@ from qrl.checkpointing import Checkpointer
 from qrl.envs.functional import FunctionalEnv, episode_returns, is_device_id, make_functional
 from qrl.errors import QrlInputError
 from qrl.logging import MetricsLogger
-from qrl.quant import Precision, check_quant_delay, qat_precision
+from qrl.networks.continuous import bounds as action_bounds, compute_params
+from qrl.quant import FP32, Precision, check_quant_delay, parse_precision, qat_precision
+from qrl.quant.sweep import PolicySpec
 from qrl.replay import DeviceReplay, NStepAccumulator, Transition, UniformReplay, nstep_window_init, nstep_window_push
 from qrl.run_monitor import RECENT_EPISODES, TrainingMonitor
 
@@ -119,6 +123,28 @@ def fuse(one_update: Callable[[Any, Transition], tuple[Any, dict]]) -> UpdateFn:
     return update
 
 
+def training_precision(config) -> Precision:
+    """The precision critics (and actors outside QAT) compute at: the config's `matmul_dtype`,
+    fp32 or bf16 matmuls."""
+    return FP32 if config.matmul_dtype == "fp32" else parse_precision(config.matmul_dtype)
+
+
+def deterministic_policy(make_actor, config, bounds, precision: Optional[Precision] = None) -> PolicyFn:
+    """`policy(actor_params, observations [N, D]) -> actions [N, A]` of the network
+    `make_actor(config, bounds, precision)` (precision None: `training_precision(config)`)."""
+    precision = precision or training_precision(config)
+    actor = make_actor(config, bounds, precision)
+    return lambda params, observations: actor.apply({"params": compute_params(params, precision)}, observations)
+
+
+def deterministic_act(make_actor, config, bounds, precision: Optional[Precision] = None) -> ActFn:
+    """`act(actor_params, observations [N, D], noise [N, A]) -> actions [N, A]`: the
+    `deterministic_policy`'s action plus `config.exploration_noise * noise` (in half action
+    ranges), clipped to the bounds."""
+    policy = deterministic_policy(make_actor, config, bounds, precision)
+    return gaussian_exploration(policy, *bounds, config.exploration_noise)
+
+
 def gaussian_exploration(policy: PolicyFn, low, high, sigma: float) -> ActFn:
     """`act(params, observations, noise)`: the deterministic action plus `sigma * noise` in units
     of the action range's half width, clipped to the bounds (TD3 / SB3's NormalActionNoise on
@@ -152,6 +178,33 @@ def _qat_precisions(config) -> tuple[Optional[Precision], ...]:
 
 
 # ----- the host loop -------------------------------------------------------------------------
+
+
+class TransitionRecorder:
+    """What a host loop keeps per environment: n-step accumulators writing into a replay, and
+    the running return of each environment's episode."""
+
+    def __init__(self, replay: UniformReplay, num_envs: int, n_step: int, gamma: float):
+        self.replay = replay
+        self.accumulators = [NStepAccumulator(n_step, gamma) for _ in range(num_envs)]
+        self.episode_returns = np.zeros(num_envs)
+
+    def record(self, observations, actions, timestep, monitor: TrainingMonitor) -> None:
+        """Adds one vector step's completed transitions to the replay; reports each finished
+        episode's return to `monitor`."""
+        for index, accumulator in enumerate(self.accumulators):
+            if timestep.step_type[index] == 0:  # FIRST: the env had not been reset; nothing to learn.
+                continue
+            episode_end = bool(timestep.step_type[index] == 2)
+            for transition in accumulator.add(
+                observations[index], actions[index], timestep.reward[index], timestep.discount[index],
+                timestep.final_observation[index], episode_end,
+            ):
+                self.replay.add(transition)
+            self.episode_returns[index] += timestep.reward[index]
+            if episode_end:
+                monitor.episode_finished(self.episode_returns[index])
+                self.episode_returns[index] = 0.0
 
 
 def train_host(
@@ -196,14 +249,13 @@ def train_host(
         return np.asarray(policies[precision](agent.policy_params(state), observations))
 
     replay = UniformReplay(config.buffer_size, seed=seed)
-    accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(num_envs)]
+    recorder = TransitionRecorder(replay, num_envs, config.n_step, config.gamma)
     rng = np.random.default_rng(seed)
     monitor = TrainingMonitor(
         agent.name, env_id, steps, seed, workdir, evaluation_policy,
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
     )
 
-    episode_returns_now = np.zeros(num_envs)
     env_steps = 0
     next_train = max(config.learning_starts, config.train_freq)
     observations = vector_env.reset()
@@ -216,19 +268,7 @@ def train_host(
             noise = rng.standard_normal(action_shape, dtype=np.float32)
             actions = np.asarray(acts[precision](agent.policy_params(state), observations, noise))
         timestep = vector_env.step(actions)
-        for index in range(num_envs):
-            if timestep.step_type[index] == 0:  # FIRST: the env had not been reset; nothing to learn.
-                continue
-            episode_end = bool(timestep.step_type[index] == 2)
-            for transition in accumulators[index].add(
-                observations[index], actions[index], timestep.reward[index], timestep.discount[index],
-                timestep.final_observation[index], episode_end,
-            ):
-                replay.add(transition)
-            episode_returns_now[index] += timestep.reward[index]
-            if episode_end:
-                monitor.episode_finished(episode_returns_now[index])
-                episode_returns_now[index] = 0.0
+        recorder.record(observations, actions, timestep, monitor)
         observations = timestep.observation
         env_steps += num_envs
 
@@ -520,3 +560,93 @@ def train(
         build, check_env, config, env_id, steps, seed, workdir, num_envs, eval_episodes, eval_every,
         checkpoint_every, log_every, progress, env_options,
     )
+
+
+# ----- what an agent package exposes ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentFunctions:
+    """An off-policy agent's package functions (`build`, `check_env`, `train`, `init_state`,
+    `policy_params`, `policy_spec`; see `agents/__init__.py`) over its learning and acting code.
+
+    Attributes:
+      name: the agent's name ("ddpg").
+      init: `(key, config, observation_size, bounds) -> train state` with `actor_params` and
+        `updates` fields.
+      make_act: `(config, bounds, precision) -> act` (see `OffPolicyAgent.act`).
+      make_policy: `(config, bounds, precision) -> policy` (see `OffPolicyAgent.policy`).
+      make_update: `(config, bounds, precision) -> update` (see `OffPolicyAgent.update`).
+      make_policy_network: `(config, bounds, precision) -> module` mapping observations to the
+        deterministic policy's actions (what post-training quantization sweeps).
+    """
+
+    name: str
+    init: Callable[..., Any]
+    make_act: Callable[..., ActFn]
+    make_policy: Callable[..., PolicyFn]
+    make_update: Callable[..., UpdateFn]
+    make_policy_network: Callable[..., Any]
+
+    def check_env(self, env_id: str, action_spec) -> None:
+        """The agent needs continuous actions."""
+        check_continuous(self.name, env_id, action_spec)
+
+    def build(self, config, observation_spec, action_spec) -> OffPolicyAgent:
+        """The agent's pure functions for these specs (see `OffPolicyAgent`)."""
+        bounds = action_bounds(action_spec)
+        observation_size = int(observation_spec.shape[-1])
+        return OffPolicyAgent(
+            name=self.name,
+            init=lambda key: self.init(key, config, observation_size, bounds),
+            act=lambda precision: self.make_act(config, bounds, precision),
+            policy=lambda precision: self.make_policy(config, bounds, precision),
+            update=lambda precision: self.make_update(config, bounds, precision),
+            policy_params=self.policy_params,
+            update_count=lambda state: state.updates,
+        )
+
+    def train(
+        self,
+        env_id: str,
+        config,
+        steps: int,
+        seed: int = 0,
+        workdir: Optional[str] = None,
+        num_envs: int = 1,
+        eval_episodes: int = 10,
+        eval_every: int = 0,
+        checkpoint_every: int = 0,
+        log_every: int = 1_000,
+        progress: bool = True,
+        env_options: Optional[dict] = None,
+    ) -> tuple[Any, dict]:
+        """Trains the agent for `steps` environment steps; returns the final state and a results dict.
+
+        Host ids (gym, dmc) run `train_host`, device ids (brax, gymnax) `make_train` under one
+        jit. See `qrl.offpolicy.train` for the arguments.
+        """
+        return train(
+            self.build, self.check_env, config, env_id, steps, seed, workdir, num_envs, eval_episodes, eval_every,
+            checkpoint_every, log_every, progress, env_options,
+        )
+
+    def init_state(self, config, observation_spec, action_spec, seed: int = 0):
+        """A train state shaped like one trained on these specs (to restore checkpoints into)."""
+        return self.init(
+            jax.random.PRNGKey(seed), config, int(observation_spec.shape[-1]), action_bounds(action_spec)
+        )
+
+    @staticmethod
+    def policy_params(state) -> dict:
+        """The actor's params: what the deterministic policy runs on."""
+        return state.actor_params
+
+    def policy_spec(self, config, observation_spec, action_spec) -> PolicySpec:
+        """The deterministic policy network; divergence is the mean action distance."""
+        bounds = action_bounds(action_spec)
+        return PolicySpec(
+            build_network=lambda precision: self.make_policy_network(config, bounds, precision),
+            outputs_to_actions=lambda actions: actions,
+            divergence="deterministic",
+        )

@@ -40,6 +40,7 @@ from qrl.envs.functional import FunctionalEnv, episode_returns, make_functional
 from qrl.errors import QrlInputError
 from qrl.evaluation import EvalResult
 from qrl.quant import FP32, Precision, check_quant_delay, qat_precision
+from qrl.quant.sweep import PolicySpec
 from qrl.run_monitor import EVAL_SEED_OFFSET, RECENT_EPISODES, TrainingMonitor
 
 _LAST = int(dm_env.StepType.LAST)
@@ -285,6 +286,68 @@ class OnPolicyAgent:
     init: Callable[..., TrainState]
     make_update: Callable[..., UpdateFn]
     validate: Callable[[Any], None] = lambda config: None
+
+    # The agent package's functions (see `agents/__init__.py`), over the loops below.
+
+    def check_env(self, env_id: str, action_spec: specs.Array) -> None:
+        """The agent takes discrete actions or a bounded continuous action vector."""
+        check_action_spec(self.name, env_id, action_spec)
+
+    def train(
+        self,
+        env_id: str,
+        config: Any,
+        steps: int,
+        seed: int = 0,
+        workdir: Optional[str] = None,
+        num_envs: Optional[int] = None,
+        eval_episodes: int = 10,
+        eval_every: int = 0,
+        checkpoint_every: int = 0,
+        log_every: int = 1_000,
+        progress: bool = True,
+        env_options: Optional[dict] = None,
+    ) -> tuple[TrainState, dict]:
+        """Trains the agent for `steps` environment steps; returns the final state and a results dict.
+
+        `num_envs` (when given) replaces `config.num_envs`. With a `workdir`, writes
+        `metrics.csv`, TensorBoard events and orbax checkpoints (every `checkpoint_every` steps
+        when > 0, and at the end). The greedy policy is evaluated every `eval_every` steps (when
+        > 0) and at the end over `eval_episodes` episodes seeded from `seed + 1_000_000`.
+        """
+        return train(
+            self, self.check_env, env_id, config, steps, seed=seed, workdir=workdir, num_envs=num_envs,
+            eval_episodes=eval_episodes, eval_every=eval_every, checkpoint_every=checkpoint_every,
+            log_every=log_every, progress=progress, env_options=env_options,
+        )
+
+    def make_train(
+        self, config: Any, env_id: str, steps: int, env_options: Optional[dict] = None
+    ) -> Callable[[jax.Array], tuple[TrainState, dict]]:
+        """`train(key) -> (state, per-iteration metrics)` for a brax or gymnax id: one jit over a
+        `lax.scan` of rollout + update iterations; `jax.jit(jax.vmap(train))(keys)` trains seeds
+        side by side."""
+        return make_train(self, config, env_id, steps, env_options)
+
+    def init_state(self, config: Any, observation_spec: specs.Array, action_spec: specs.Array, seed: int = 0):
+        """A train state shaped like one trained on these specs (to restore checkpoints into)."""
+        return self.init(jax.random.PRNGKey(seed), config, observation_spec, action_spec)
+
+    @staticmethod
+    def policy_params(state: TrainState) -> dict:
+        """The actor's params: what the deployed policy runs on."""
+        return state.params["actor"]
+
+    def policy_spec(self, config: Any, observation_spec: specs.Array, action_spec: specs.Array) -> PolicySpec:
+        """Logits -> argmax (divergence on softmax(logits)), or Gaussian mean -> clipped action."""
+        def build_network(precision: Precision) -> nn.Module:
+            return self.make_actor_critic(config, observation_spec, action_spec, precision).actor
+
+        return PolicySpec(
+            build_network=build_network,
+            outputs_to_actions=PolicyHead.from_spec(action_spec).greedy,
+            divergence="categorical" if envs.is_discrete(action_spec) else "deterministic",
+        )
 
 
 def iterations_for(config: Any, steps: int) -> int:

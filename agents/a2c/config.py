@@ -12,15 +12,30 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl import runtime
 from qrl.errors import QrlInputError
 
 SCHEDULES = ("constant", "linear")
 ACTIVATIONS = ("tanh", "relu")
 
 
+def validate(config: "Config") -> None:
+    """Rejects values that cannot train."""
+    qrl_config.check_positive(
+        config, ("num_envs", "num_steps", "learning_rate", "rmsprop_eps", "max_grad_norm"), "a2c",
+    )
+    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
+        raise QrlInputError(f"A2C config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
+    qrl_config.check_fraction(config, ("gamma", "gae_lambda", "rmsprop_decay"), "a2c")
+    qrl_config.check_choice(config, "learning_rate_schedule", SCHEDULES, "a2c")
+    qrl_config.check_choice(config, "activation", ACTIVATIONS, "a2c")
+    for name in ("ent_coef", "vf_coef"):
+        if getattr(config, name) < 0:
+            raise QrlInputError(f"A2C config {name} must be >= 0, got {getattr(config, name)}")
+    qrl_config.check_qat_fields(config, "a2c")
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(qrl_config.ConfigMethods, agent="a2c", validate=validate):
     """A2C hyperparameters. One update per `num_steps` steps of `num_envs` envs."""
 
     num_envs: int = 16  # Mnih et al. 2016: 16 actor-learner threads.
@@ -42,17 +57,6 @@ class Config:
     qat_bits: int = 0  # quantization-aware training of the actor at this many bits; 0 = off.
     quant_delay: int = 0  # environment steps of fp32 training before fake quantization starts.
 
-    def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
-        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
-        return override(cls(), values)
-
 
 PRESETS: dict[str, dict[str, Any]] = {
     # rl-baselines3-zoo hyperparams/a2c.yml (5e5 steps): SB3 defaults otherwise.
@@ -61,33 +65,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def override(config: Config, values: Mapping[str, Any]) -> Config:
-    """Returns `config` with `values` applied (names and types checked), then validated."""
-    config = qrl_config.override(config, values, "a2c")
-    validate(config)
-    return config
-
-
-def validate(config: Config) -> None:
-    """Rejects values that cannot train."""
-    qrl_config.check_positive(
-        config, ("num_envs", "num_steps", "learning_rate", "rmsprop_eps", "max_grad_norm"), "a2c",
-    )
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise QrlInputError(f"A2C config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
-    qrl_config.check_fraction(config, ("gamma", "gae_lambda", "rmsprop_decay"), "a2c")
-    qrl_config.check_choice(config, "learning_rate_schedule", SCHEDULES, "a2c")
-    qrl_config.check_choice(config, "activation", ACTIVATIONS, "a2c")
-    for name in ("ent_coef", "vf_coef"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"A2C config {name} must be >= 0, got {getattr(config, name)}")
-    qrl_config.check_qat_fields(config, "a2c")
-
-
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
     """Paper defaults, then the preset for `env_id` if there is one, then `values`.
 
     `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """
-    config = override(Config(flat_optimizer=runtime.single_threaded_xla()), PRESETS.get(env_id, {}))
-    return override(config, values or {})
+    return qrl_config.config_for(Config, PRESETS, env_id, values)

@@ -13,14 +13,32 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl import runtime
 from qrl.errors import QrlInputError
 
 MATMUL_DTYPES = ("fp32", "bf16")
 
 
+def validate(config: "Config") -> None:
+    """Rejects values that cannot train."""
+    qrl_config.check_positive(
+        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
+                 "target_update_period", "n_step"), "d4pg",
+    )
+    qrl_config.check_fraction(config, ("tau",), "d4pg", low_open=True)
+    qrl_config.check_fraction(config, ("gamma",), "d4pg")
+    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "d4pg")
+    qrl_config.check_qat_fields(config, "d4pg")
+    for name in ("learning_starts", "exploration_noise", "dqda_clipping"):
+        if getattr(config, name) < 0:
+            raise QrlInputError(f"D4PG config {name} must be >= 0, got {getattr(config, name)}")
+    if config.num_atoms < 2:
+        raise QrlInputError(f"D4PG config num_atoms must be >= 2, got {config.num_atoms}")
+    if not config.v_min < config.v_max:
+        raise QrlInputError(f"D4PG config v_min must be below v_max, got {config.v_min} and {config.v_max}")
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(qrl_config.ConfigMethods, agent="d4pg", validate=validate):
     """D4PG hyperparameters. Periods count environment steps unless the name says updates."""
 
     actor_hidden_sizes: tuple[int, ...] = (300, 200)  # Acme make_networks.
@@ -45,19 +63,6 @@ class Config:
     qat_bits: int = 0  # quantization-aware training of the actor (0 = off, 2..8).
     quant_delay: int = 0  # environment steps of fp32 training before QAT starts.
 
-    def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
-        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
-        config = qrl_config.override(cls(), values, "d4pg")
-        validate(config)
-        return config
-
 
 # Pendulum-v1: rewards lie in [-16.3, 0] per step, so with gamma 0.99 values lie in
 # [-16.3 / (1 - 0.99), 0] = [-1627, 0]: the support spans that whole range (a trained policy's
@@ -74,31 +79,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def validate(config: Config) -> None:
-    """Rejects values that cannot train."""
-    qrl_config.check_positive(
-        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
-                 "target_update_period", "n_step"), "d4pg",
-    )
-    qrl_config.check_fraction(config, ("tau",), "d4pg", low_open=True)
-    qrl_config.check_fraction(config, ("gamma",), "d4pg")
-    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "d4pg")
-    qrl_config.check_qat_fields(config, "d4pg")
-    for name in ("learning_starts", "exploration_noise", "dqda_clipping"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"D4PG config {name} must be >= 0, got {getattr(config, name)}")
-    if config.num_atoms < 2:
-        raise QrlInputError(f"D4PG config num_atoms must be >= 2, got {config.num_atoms}")
-    if not config.v_min < config.v_max:
-        raise QrlInputError(f"D4PG config v_min must be below v_max, got {config.v_min} and {config.v_max}")
-
-
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
     """Acme's defaults, then the preset for `env_id` if there is one, then `values`.
 
     `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """
-    config = Config(flat_optimizer=runtime.single_threaded_xla())
-    config = qrl_config.override(config, {**PRESETS.get(env_id, {}), **dict(values or {})}, "d4pg")
-    validate(config)
-    return config
+    return qrl_config.config_for(Config, PRESETS, env_id, values)

@@ -14,14 +14,28 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl import runtime
 from qrl.errors import QrlInputError
 
 MATMUL_DTYPES = ("fp32", "bf16")
 
 
+def validate(config: "Config") -> None:
+    """Rejects values that cannot train."""
+    qrl_config.check_positive(
+        config, ("actor_learning_rate", "critic_learning_rate", "batch_size", "buffer_size", "train_freq",
+                 "gradient_steps", "n_step"), "ddpg",
+    )
+    qrl_config.check_fraction(config, ("tau",), "ddpg", low_open=True)
+    qrl_config.check_fraction(config, ("gamma",), "ddpg")
+    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "ddpg")
+    qrl_config.check_qat_fields(config, "ddpg")
+    for name in ("learning_starts", "exploration_noise", "critic_l2"):
+        if getattr(config, name) < 0:
+            raise QrlInputError(f"DDPG config {name} must be >= 0, got {getattr(config, name)}")
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(qrl_config.ConfigMethods, agent="ddpg", validate=validate):
     """DDPG hyperparameters. Periods count environment steps."""
 
     hidden_sizes: tuple[int, ...] = (400, 300)  # actor and critic; Lillicrap et al. 2016.
@@ -42,19 +56,6 @@ class Config:
     qat_bits: int = 0  # quantization-aware training of the actor (0 = off, 2..8).
     quant_delay: int = 0  # environment steps of fp32 training before QAT starts.
 
-    def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
-        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
-        config = qrl_config.override(cls(), values, "ddpg")
-        validate(config)
-        return config
-
 
 _SB3 = dict(batch_size=256, tau=0.005, critic_l2=0.0)  # SB3 DDPG defaults the zoo relies on.
 
@@ -73,27 +74,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def validate(config: Config) -> None:
-    """Rejects values that cannot train."""
-    qrl_config.check_positive(
-        config, ("actor_learning_rate", "critic_learning_rate", "batch_size", "buffer_size", "train_freq",
-                 "gradient_steps", "n_step"), "ddpg",
-    )
-    qrl_config.check_fraction(config, ("tau",), "ddpg", low_open=True)
-    qrl_config.check_fraction(config, ("gamma",), "ddpg")
-    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "ddpg")
-    qrl_config.check_qat_fields(config, "ddpg")
-    for name in ("learning_starts", "exploration_noise", "critic_l2"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"DDPG config {name} must be >= 0, got {getattr(config, name)}")
-
-
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
     """Paper defaults, then the preset for `env_id` if there is one, then `values`.
 
     `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """
-    config = Config(flat_optimizer=runtime.single_threaded_xla())
-    config = qrl_config.override(config, {**PRESETS.get(env_id, {}), **dict(values or {})}, "ddpg")
-    validate(config)
-    return config
+    return qrl_config.config_for(Config, PRESETS, env_id, values)

@@ -16,7 +16,7 @@ import optax
 from agents.ddpg.config import Config
 from qrl import offpolicy
 from qrl.networks.continuous import Critic, DeterministicActor, compute_params
-from qrl.quant import FP32, Precision, parse_precision
+from qrl.quant import FP32, Precision
 from qrl.replay import Transition
 
 
@@ -33,9 +33,7 @@ class TrainState:
     updates: jax.Array  # int32 count of gradient updates taken.
 
 
-def training_precision(config: Config) -> Precision:
-    """The precision the critic (and the actor outside QAT) computes at: fp32 or bf16 matmuls."""
-    return FP32 if config.matmul_dtype == "fp32" else parse_precision(config.matmul_dtype)
+training_precision = offpolicy.training_precision  # the config's matmul_dtype: fp32 or bf16.
 
 
 def make_actor(config: Config, bounds, precision: Precision = FP32) -> DeterministicActor:

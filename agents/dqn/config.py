@@ -11,13 +11,24 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl import runtime
 
 LEARNING_RATE_SCHEDULES = ("constant", "linear")
 
 
+def validate(config: "Config") -> None:
+    """Rejects values that cannot train."""
+    qrl_config.check_positive(
+        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
+                 "target_update_period", "n_step"), "dqn",
+    )
+    qrl_config.check_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES, "dqn")
+    qrl_config.check_fraction(config, ("tau",), "dqn", low_open=True)
+    qrl_config.check_fraction(config, ("gamma",), "dqn")
+    qrl_config.check_qat_fields(config, "dqn")
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(qrl_config.ConfigMethods, agent="dqn", validate=validate):
     """DQN hyperparameters. Periods count environment steps unless the name says updates."""
 
     hidden_sizes: tuple[int, ...] = (256, 256)  # MLP torso; image observations use Nature CNN.
@@ -44,17 +55,6 @@ class Config:
     qat_bits: int = 0  # quantization-aware training of the Q-network at this many bits; 0 = off.
     quant_delay: int = 0  # environment steps of fp32 training before fake quantization starts.
 
-    def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
-        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
-        return override(cls(), values)
-
 
 # rl-baselines3-zoo hyperparams/dqn.yml (tuned); target_update_interval=10 env steps there
 # syncs the target once per training phase, i.e. every `gradient_steps` updates here; other
@@ -79,29 +79,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def override(config: Config, values: Mapping[str, Any]) -> Config:
-    """Returns `config` with `values` applied (names and types checked), then validated."""
-    config = qrl_config.override(config, values, "dqn")
-    validate(config)
-    return config
-
-
-def validate(config: Config) -> None:
-    """Rejects values that cannot train."""
-    qrl_config.check_positive(
-        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
-                 "target_update_period", "n_step"), "dqn",
-    )
-    qrl_config.check_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES, "dqn")
-    qrl_config.check_fraction(config, ("tau",), "dqn", low_open=True)
-    qrl_config.check_fraction(config, ("gamma",), "dqn")
-    qrl_config.check_qat_fields(config, "dqn")
-
-
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
     """Paper defaults, then the preset for `env_id` if there is one, then `values`.
 
     `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """
-    config = override(Config(flat_optimizer=runtime.single_threaded_xla()), PRESETS.get(env_id, {}))
-    return override(config, values or {})
+    return qrl_config.config_for(Config, PRESETS, env_id, values)

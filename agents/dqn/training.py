@@ -16,8 +16,9 @@ from agents.dqn import acting, learning
 from agents.dqn.config import Config
 from qrl import envs
 from qrl.errors import QrlInputError
+from qrl.offpolicy import TransitionRecorder
 from qrl.quant import check_quant_delay, make_exporter, qat_precision, serving_precision
-from qrl.replay import NStepAccumulator, UniformReplay
+from qrl.replay import UniformReplay
 from qrl.run_monitor import TrainingMonitor
 
 
@@ -96,14 +97,13 @@ def train(
     epsilon_at = acting.epsilon_schedule(config, steps)
 
     replay = UniformReplay(config.buffer_size, seed=seed)
-    accumulators = [NStepAccumulator(config.n_step, config.gamma) for _ in range(num_envs)]
+    recorder = TransitionRecorder(replay, num_envs, config.n_step, config.gamma)
     rng = np.random.default_rng(seed)
     monitor = TrainingMonitor(
         "dqn", env_id, steps, seed, workdir, lambda observations: policy(observations),
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
     )
 
-    episode_returns = np.zeros(num_envs)
     env_steps = 0
     next_train = max(config.learning_starts, config.train_freq)
     observations = vector_env.reset()
@@ -117,19 +117,7 @@ def train(
             if explore.any():
                 actions = np.where(explore, rng.integers(0, num_actions, num_envs), actions)
         timestep = vector_env.step(actions)
-        for index in range(num_envs):
-            if timestep.step_type[index] == 0:  # FIRST: the env had not been reset; nothing to learn.
-                continue
-            episode_end = bool(timestep.step_type[index] == 2)
-            for transition in accumulators[index].add(
-                observations[index], actions[index], timestep.reward[index], timestep.discount[index],
-                timestep.final_observation[index], episode_end,
-            ):
-                replay.add(transition)
-            episode_returns[index] += timestep.reward[index]
-            if episode_end:
-                monitor.episode_finished(episode_returns[index])
-                episode_returns[index] = 0.0
+        recorder.record(observations, actions, timestep, monitor)
         observations = timestep.observation
         env_steps += num_envs
         if config.qat_bits and not quantized and env_steps >= config.quant_delay:

@@ -12,15 +12,37 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl import runtime
 from qrl.errors import QrlInputError
 
 SCHEDULES = ("constant", "linear")
 ACTIVATIONS = ("tanh", "relu")
 
 
+def validate(config: "Config") -> None:
+    """Rejects values that cannot train."""
+    qrl_config.check_positive(
+        config, ("num_envs", "num_steps", "batch_size", "num_epochs", "learning_rate", "adam_eps",
+                 "max_grad_norm", "clip_range"), "ppo",
+    )
+    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
+        raise QrlInputError(f"PPO config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
+    qrl_config.check_fraction(config, ("gamma", "gae_lambda"), "ppo")
+    qrl_config.check_choice(config, "learning_rate_schedule", SCHEDULES, "ppo")
+    qrl_config.check_choice(config, "clip_range_schedule", SCHEDULES, "ppo")
+    qrl_config.check_choice(config, "activation", ACTIVATIONS, "ppo")
+    for name in ("clip_range_vf", "ent_coef", "vf_coef"):
+        if getattr(config, name) < 0:
+            raise QrlInputError(f"PPO config {name} must be >= 0, got {getattr(config, name)}")
+    if config.batch_size > config.rollout_size:
+        raise QrlInputError(
+            f"PPO config batch_size {config.batch_size} exceeds a rollout of num_steps x num_envs = "
+            f"{config.num_steps} x {config.num_envs} = {config.rollout_size} transitions"
+        )
+    qrl_config.check_qat_fields(config, "ppo")
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(qrl_config.ConfigMethods, agent="ppo", validate=validate):
     """PPO hyperparameters. One iteration collects `num_steps` steps of `num_envs` envs."""
 
     num_envs: int = 1  # Schulman et al. 2017 MuJoCo: one actor (SB3 n_envs=1).
@@ -45,17 +67,6 @@ class Config:
     flat_optimizer: bool = False  # Adam on one flat vector: faster with one XLA thread (qrl.runtime).
     qat_bits: int = 0  # quantization-aware training of the actor at this many bits; 0 = off.
     quant_delay: int = 0  # environment steps of fp32 training before fake quantization starts.
-
-    def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
-        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
-        return override(cls(), values)
 
     @property
     def rollout_size(self) -> int:
@@ -95,40 +106,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def override(config: Config, values: Mapping[str, Any]) -> Config:
-    """Returns `config` with `values` applied (names and types checked), then validated."""
-    config = qrl_config.override(config, values, "ppo")
-    validate(config)
-    return config
-
-
-def validate(config: Config) -> None:
-    """Rejects values that cannot train."""
-    qrl_config.check_positive(
-        config, ("num_envs", "num_steps", "batch_size", "num_epochs", "learning_rate", "adam_eps",
-                 "max_grad_norm", "clip_range"), "ppo",
-    )
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise QrlInputError(f"PPO config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
-    qrl_config.check_fraction(config, ("gamma", "gae_lambda"), "ppo")
-    qrl_config.check_choice(config, "learning_rate_schedule", SCHEDULES, "ppo")
-    qrl_config.check_choice(config, "clip_range_schedule", SCHEDULES, "ppo")
-    qrl_config.check_choice(config, "activation", ACTIVATIONS, "ppo")
-    for name in ("clip_range_vf", "ent_coef", "vf_coef"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"PPO config {name} must be >= 0, got {getattr(config, name)}")
-    if config.batch_size > config.rollout_size:
-        raise QrlInputError(
-            f"PPO config batch_size {config.batch_size} exceeds a rollout of num_steps x num_envs = "
-            f"{config.num_steps} x {config.num_envs} = {config.rollout_size} transitions"
-        )
-    qrl_config.check_qat_fields(config, "ppo")
-
-
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
     """Paper defaults, then the preset for `env_id` if there is one, then `values`.
 
     `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """
-    config = override(Config(flat_optimizer=runtime.single_threaded_xla()), PRESETS.get(env_id, {}))
-    return override(config, values or {})
+    return qrl_config.config_for(Config, PRESETS, env_id, values)

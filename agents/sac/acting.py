@@ -7,6 +7,7 @@ import jax.numpy as jnp
 
 from agents.sac import learning
 from agents.sac.config import Config
+from qrl import offpolicy
 from qrl.networks.continuous import compute_params, scale_actions
 from qrl.quant import Precision
 
@@ -27,6 +28,4 @@ def make_act(config: Config, bounds, precision: Optional[Precision] = None) -> C
 
 def make_policy(config: Config, bounds, precision: Optional[Precision] = None) -> Callable[..., jax.Array]:
     """`policy(actor_params, observations [N, D]) -> actions [N, A]`, deterministic."""
-    precision = precision or learning.training_precision(config)
-    network = learning.policy_network(config, bounds, precision)
-    return lambda params, observations: network.apply({"params": compute_params(params, precision)}, observations)
+    return offpolicy.deterministic_policy(learning.policy_network, config, bounds, precision)

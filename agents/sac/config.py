@@ -12,14 +12,27 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl import runtime
 from qrl.errors import QrlInputError
 
 MATMUL_DTYPES = ("fp32", "bf16")
 
 
+def validate(config: "Config") -> None:
+    """Rejects values that cannot train."""
+    qrl_config.check_positive(
+        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps", "n_step",
+                 "initial_alpha"), "sac",
+    )
+    qrl_config.check_fraction(config, ("tau",), "sac", low_open=True)
+    qrl_config.check_fraction(config, ("gamma",), "sac")
+    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "sac")
+    qrl_config.check_qat_fields(config, "sac")
+    if config.learning_starts < 0:
+        raise QrlInputError(f"SAC config learning_starts must be >= 0, got {config.learning_starts}")
+
+
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(qrl_config.ConfigMethods, agent="sac", validate=validate):
     """SAC hyperparameters. Periods count environment steps."""
 
     hidden_sizes: tuple[int, ...] = (256, 256)  # actor and each critic; Haarnoja et al. 2018b.
@@ -39,19 +52,6 @@ class Config:
     qat_bits: int = 0  # quantization-aware training of the actor (0 = off, 2..8).
     quant_delay: int = 0  # environment steps of fp32 training before QAT starts.
 
-    def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "Config":
-        """Builds a config from a dict (e.g. config.json); unknown keys are an input error."""
-        config = qrl_config.override(cls(), values, "sac")
-        validate(config)
-        return config
-
 
 # rl-baselines3-zoo hyperparams/sac.yml: Pendulum-v1 changes only the learning rate; the MuJoCo
 # defaults (HalfCheetah-v3/v4 there) only learning_starts.
@@ -61,26 +61,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def validate(config: Config) -> None:
-    """Rejects values that cannot train."""
-    qrl_config.check_positive(
-        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps", "n_step",
-                 "initial_alpha"), "sac",
-    )
-    qrl_config.check_fraction(config, ("tau",), "sac", low_open=True)
-    qrl_config.check_fraction(config, ("gamma",), "sac")
-    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "sac")
-    qrl_config.check_qat_fields(config, "sac")
-    if config.learning_starts < 0:
-        raise QrlInputError(f"SAC config learning_starts must be >= 0, got {config.learning_starts}")
-
-
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
     """Paper defaults, then the preset for `env_id` if there is one, then `values`.
 
     `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """
-    config = Config(flat_optimizer=runtime.single_threaded_xla())
-    config = qrl_config.override(config, {**PRESETS.get(env_id, {}), **dict(values or {})}, "sac")
-    validate(config)
-    return config
+    return qrl_config.config_for(Config, PRESETS, env_id, values)

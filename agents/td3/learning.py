@@ -18,7 +18,7 @@ import optax
 from agents.td3.config import Config
 from qrl import offpolicy
 from qrl.networks.continuous import CriticEnsemble, DeterministicActor, compute_params
-from qrl.quant import FP32, Precision, parse_precision
+from qrl.quant import FP32, Precision
 from qrl.replay import Transition
 
 NUM_CRITICS = 2
@@ -38,9 +38,7 @@ class TrainState:
     updates: jax.Array  # int32 count of critic updates taken.
 
 
-def training_precision(config: Config) -> Precision:
-    """The precision critics (and the actor outside QAT) compute at: fp32 or bf16 matmuls."""
-    return FP32 if config.matmul_dtype == "fp32" else parse_precision(config.matmul_dtype)
+training_precision = offpolicy.training_precision  # the config's matmul_dtype: fp32 or bf16.
 
 
 def make_actor(config: Config, bounds, precision: Precision = FP32) -> DeterministicActor:
