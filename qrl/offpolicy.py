@@ -26,6 +26,7 @@ import os
 import time
 from typing import Any, Callable, Optional
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,6 +79,20 @@ class OffPolicyAgent:
 
 
 BuildFn = Callable[[Any, Any, Any], OffPolicyAgent]  # (config, observation_spec, action_spec)
+
+
+@flax.struct.dataclass
+class DeterministicTrainState:
+    """What DDPG and D4PG learning thread from one update to the next (params float32): one
+    deterministic actor, one critic, their targets and optimizer states."""
+
+    actor_params: dict
+    critic_params: dict
+    target_actor_params: dict
+    target_critic_params: dict
+    actor_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
+    updates: jax.Array  # int32 count of gradient updates taken.
 
 
 # ----- helpers shared by the agents' learning code --------------------------------------------

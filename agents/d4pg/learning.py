@@ -12,7 +12,6 @@ Every `target_update_period` updates the targets move by `tau` (1: a hard copy).
 
 from typing import Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 import optax
@@ -24,17 +23,7 @@ from qrl.quant import FP32, Precision
 from qrl.replay import Transition
 
 
-@flax.struct.dataclass
-class TrainState:
-    """Everything D4PG learning threads from one update to the next (params float32)."""
-
-    actor_params: dict
-    critic_params: dict
-    target_actor_params: dict
-    target_critic_params: dict
-    actor_opt_state: optax.OptState
-    critic_opt_state: optax.OptState
-    updates: jax.Array  # int32 count of gradient updates taken.
+TrainState = offpolicy.DeterministicTrainState  # actor, critic, targets, optimizer states.
 
 
 training_precision = offpolicy.training_precision  # the config's matmul_dtype: fp32 or bf16.

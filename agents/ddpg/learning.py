@@ -8,7 +8,6 @@ move by Polyak averaging.
 
 from typing import Optional
 
-import flax
 import jax
 import jax.numpy as jnp
 import optax
@@ -20,17 +19,7 @@ from qrl.quant import FP32, Precision
 from qrl.replay import Transition
 
 
-@flax.struct.dataclass
-class TrainState:
-    """Everything DDPG learning threads from one update to the next (params float32)."""
-
-    actor_params: dict
-    critic_params: dict
-    target_actor_params: dict
-    target_critic_params: dict
-    actor_opt_state: optax.OptState
-    critic_opt_state: optax.OptState
-    updates: jax.Array  # int32 count of gradient updates taken.
+TrainState = offpolicy.DeterministicTrainState  # actor, critic, targets, optimizer states.
 
 
 training_precision = offpolicy.training_precision  # the config's matmul_dtype: fp32 or bf16.
