@@ -75,8 +75,10 @@ def dpg_loss(actions: jax.Array, dqda: jax.Array, clipping: float) -> jax.Array:
     return 0.5 * jnp.sum(jnp.square(target - actions), axis=-1)
 
 
-def make_update(config: Config, bounds, actor_precision: Optional[Precision] = None):
-    """`update(state, batches [K, B, ...]) -> (state, metrics)` (pure; the loops jit it).
+def make_weighted_one_update(config: Config, bounds, actor_precision: Optional[Precision] = None):
+    """`one_update(state, batch [B, ...], weights [B] or None) -> (state, metrics, priorities [B])`:
+    one update of both networks, each transition's critic loss scaled by its importance weight
+    (prioritized replay); the priorities are the per-transition critic losses.
 
     The critic computes at the config's `matmul_dtype`; the actor at `actor_precision` (None:
     the same; the QAT precision during quantization-aware training). The target actor always
@@ -93,10 +95,11 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
     def logits(critic_params, observations, actions):
         return critic.apply({"params": compute_params(critic_params, precision)}, observations, actions)
 
-    def critic_loss(critic_params, target_logits, batch: Transition):
+    def critic_loss(critic_params, target_logits, batch: Transition, weights):
         logits_tm1 = logits(critic_params, batch.observation, batch.action)
         losses = distributional.batched_categorical_loss(logits_tm1, batch.reward, batch.discount, target_logits, atoms)
-        return jnp.mean(losses), jnp.mean(distributional.mean(logits_tm1, atoms))
+        weighted = losses if weights is None else weights * losses
+        return jnp.mean(weighted), (jnp.mean(distributional.mean(logits_tm1, atoms)), losses)
 
     def actor_loss(actor_params, critic_params, observations):
         actions = actor.apply({"params": compute_params(actor_params, actor_precision)}, observations)
@@ -104,13 +107,13 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
         dqda = jax.grad(q_sum)(actions)  # rows are independent: the sum's gradient is per-row dQ/da.
         return jnp.mean(dpg_loss(actions, dqda, config.dqda_clipping))
 
-    def one_update(state: TrainState, batch: Transition):
+    def one_update(state: TrainState, batch: Transition, weights):
         next_actions = target_actor.apply(
             {"params": compute_params(state.target_actor_params, precision)}, batch.next_observation
         )
         target_logits = jax.lax.stop_gradient(logits(state.target_critic_params, batch.next_observation, next_actions))
-        (critic_value, q_mean), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
-            state.critic_params, target_logits, batch
+        (critic_value, (q_mean, priorities)), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
+            state.critic_params, target_logits, batch, weights
         )
         actor_value, actor_grads = jax.value_and_grad(actor_loss)(
             state.actor_params, state.critic_params, batch.observation
@@ -135,6 +138,13 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
             critic_opt_state=critic_opt_state,
             updates=count,
         )
-        return new_state, {"critic_loss": critic_value, "actor_loss": actor_value, "q_mean": q_mean}
+        return new_state, {"critic_loss": critic_value, "actor_loss": actor_value, "q_mean": q_mean}, priorities
 
-    return offpolicy.fuse(one_update)
+    return one_update
+
+
+def make_update(config: Config, bounds, actor_precision: Optional[Precision] = None):
+    """`update(state, batches [K, B, ...]) -> (state, metrics)` (pure; the loops jit it): K
+    unweighted updates of `make_weighted_one_update` under one `lax.scan`."""
+    one_update = make_weighted_one_update(config, bounds, actor_precision)
+    return offpolicy.fuse(lambda state, batch: one_update(state, batch, None)[:2])

@@ -75,10 +75,12 @@ def init(key: jax.Array, config: Config, observation_shape: Sequence[int], obser
     return fresh_state(key)
 
 
-def make_loss(network: nn.Module, config: Config) -> Callable[[dict, dict, Transition], tuple[jax.Array, dict]]:
-    """`loss(params, target_params, batch [B, ...]) -> (mean Huber TD loss, metrics)`."""
+def make_loss(network: nn.Module, config: Config) -> Callable[..., tuple[jax.Array, dict]]:
+    """`loss(params, target_params, batch [B, ...], weights [B] = None) -> (loss, metrics)`: the
+    mean Huber TD loss, each transition's term scaled by its importance weight when `weights` is
+    given (prioritized replay); `metrics["priorities"] [B]` holds the |TD errors|."""
 
-    def loss(params, target_params, batch: Transition):
+    def loss(params, target_params, batch: Transition, weights=None):
         q_tm1 = network.apply({"params": params}, batch.observation)
         q_t_target = network.apply({"params": target_params}, batch.next_observation)
         actions = batch.action.astype(jnp.int32)
@@ -89,27 +91,24 @@ def make_loss(network: nn.Module, config: Config) -> Callable[[dict, dict, Trans
             )
         else:
             td_errors = losses.batched_q_learning_td(q_tm1, actions, batch.reward, batch.discount, q_t_target)
-        value = jnp.mean(losses.huber(td_errors, config.huber_delta))
-        return value, {"loss": value, "q_mean": jnp.mean(q_tm1)}
+        per_transition = losses.huber(td_errors, config.huber_delta)
+        if weights is not None:
+            per_transition = weights * per_transition
+        value = jnp.mean(per_transition)
+        return value, {"loss": value, "q_mean": jnp.mean(q_tm1), "priorities": jnp.abs(td_errors)}
 
     return loss
 
 
-def make_update(
-    network: nn.Module, config: Config, num_updates: int = 1
-) -> Callable[[TrainState, Transition], tuple[TrainState, dict]]:
-    """`update(state, batches [K, B, ...]) -> (state, metrics averaged over the K updates)`.
-
-    The K gradient steps run under one `lax.scan` inside one jitted call (the state buffer is
-    donated); the target network is copied (tau=1) or Polyak-averaged every
-    `target_update_period` updates. `num_updates` (the run's total) sets the length of a
-    linear learning-rate schedule.
-    """
+def make_weighted_one_update(network: nn.Module, config: Config, num_updates: int = 1):
+    """`one_update(state, batch [B, ...], weights [B]) -> (state, metrics, priorities [B])`: one
+    gradient step on the importance-weighted loss; the target network is copied (tau=1) or
+    Polyak-averaged every `target_update_period` updates."""
     optimizer = make_optimizer(config, num_updates)
     grad_fn = jax.grad(make_loss(network, config), has_aux=True)
 
-    def one_update(state: TrainState, batch: Transition):
-        grads, metrics = grad_fn(state.params, state.target_params, batch)
+    def one_update(state: TrainState, batch: Transition, weights):
+        grads, metrics = grad_fn(state.params, state.target_params, batch, weights)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         count = state.updates + 1
@@ -119,11 +118,28 @@ def make_update(
             count,
             config.target_update_period,
         )
-        return TrainState(params, target_params, opt_state, count), metrics
+        priorities = metrics.pop("priorities")
+        return TrainState(params, target_params, opt_state, count), metrics, priorities
+
+    return one_update
+
+
+def make_update(
+    network: nn.Module, config: Config, num_updates: int = 1
+) -> Callable[[TrainState, Transition], tuple[TrainState, dict]]:
+    """`update(state, batches [K, B, ...]) -> (state, metrics averaged over the K updates)`.
+
+    The K gradient steps run under one `lax.scan` inside one jitted call (the state buffer is
+    donated). `num_updates` (the run's total) sets the length of a linear learning-rate schedule.
+    """
+    one_update = make_weighted_one_update(network, config, num_updates)
 
     def update(state: TrainState, batches: Transition):
-        state, metrics = jax.lax.scan(one_update, state, batches)
+        def step(state, batch):
+            state, metrics, _ = one_update(state, batch, None)
+            return state, metrics
+
+        state, metrics = jax.lax.scan(step, state, batches)
         return state, jax.tree.map(jnp.mean, metrics)
 
     return jax.jit(update, donate_argnums=0)
-

@@ -1,0 +1,36 @@
+"""The agents ActorQ runs distributed, and the picklable factory its nodes build them with."""
+
+import dataclasses
+import importlib
+from typing import Any, Mapping
+
+from qrl.distributed.agent import DistributedAgent
+from qrl.errors import QrlInputError
+
+ACTORQ_AGENTS = ("dqn", "d4pg")
+
+
+def check_agent(name: str) -> str:
+    """`name` if ActorQ runs it, else an input error listing the ones it runs."""
+    if name not in ACTORQ_AGENTS:
+        raise QrlInputError(f"agent {name!r} does not run distributed; choose one of {', '.join(ACTORQ_AGENTS)}")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentFactory:
+    """Builds the agent in whichever process calls it (a Ray worker pickles this by value: a
+    name, an env id and the config overrides — no functions or arrays)."""
+
+    agent: str
+    env_id: str
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def config(self):
+        """The agent's config: defaults, the env preset, then the overrides."""
+        package = importlib.import_module(f"agents.{check_agent(self.agent)}")
+        return package.config_for(self.env_id, dict(self.overrides))
+
+    def __call__(self, observation_spec, action_spec) -> DistributedAgent:
+        module = importlib.import_module(f"agents.{check_agent(self.agent)}.actorq")
+        return module.actorq_agent(self.config(), observation_spec, action_spec, self.env_id)

@@ -1,0 +1,235 @@
+"""The ActorQ study in one command: distributed training per environment × seed × actor precision,
+then speedup, throughput, runtime-breakdown and carbon tables against fp32 actors.
+
+    python -m launch.actorq_study --agent=d4pg --envs=dmc:cartpole-balance,dmc:walker-stand \\
+        --precisions=fp32,int8 --seeds=0,1 --workdir=runs/actorq_study --max_seconds=600 \\
+        --run_flag=--num_actors=2
+
+Each cell is one `python -m launch.actorq` run into `<workdir>/cells/<env>/<precision>/seed<k>/`
+(its log beside it as `seed<k>.log`); weights travel at the actors' precision (fp16, bf16, int8)
+or fp32. Cells run one at a time, since each times itself, in the order env → seed → precision so
+that load drift on the machine touches every precision alike. A cell whose results.json exists is
+reused; one that fails is reported and the study goes on. The study then writes report.md,
+summary.json and plots/ into the workdir (`qrl.distributed.report`), and exits 1 if a cell failed.
+"""
+
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+from absl import flags
+
+from launch import common, studies
+from qrl import io
+from qrl.errors import QrlInputError
+
+ACTORQ_MODULE = "launch.actorq"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_FILE = "results.json"
+QUANTIZED_COMM = ("fp16", "bf16", "int8")
+STUDY_FLAGS = ("agent", "env", "actor_precision", "comm_precision", "seed", "workdir", "target_return",
+               "max_seconds", "max_learner_steps", "max_actor_steps", "launcher", "ray_address")
+
+Runner = Callable[[Sequence[str], str], int]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Study directory (required).")
+flags.DEFINE_string("agent", "d4pg", "Algorithm run distributed (d4pg, dqn).")
+flags.DEFINE_string("envs", "dmc:cartpole-balance", "Comma-separated environment ids.")
+flags.DEFINE_string("precisions", "fp32,int8", "Comma-separated actor precisions; must include fp32 (the baseline).")
+flags.DEFINE_string("seeds", "0", "Comma-separated seeds.")
+flags.DEFINE_float("target_return", None, "Return that counts as reached (default: launch.actorq's per run).")
+flags.DEFINE_float("max_seconds", None, "Wall-time budget per cell.")
+flags.DEFINE_integer("max_learner_steps", None, "Learner-step budget per cell.")
+flags.DEFINE_integer("max_actor_steps", None, "Actor-step budget per cell.")
+flags.DEFINE_multi_string("run_flag", [], "Extra launch.actorq flag for every cell (repeatable), e.g. --run_flag=--num_actors=2.")
+flags.DEFINE_enum("launcher", "inprocess", ["inprocess", "ray"], "How each cell launches its nodes.")
+flags.DEFINE_string("ray_address", None, "Ray cluster address for --launcher=ray (default: a local Ray).")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+    """A checked study plan (build it with `make_options`)."""
+
+    workdir: str
+    agent: str
+    envs: tuple[str, ...]
+    precisions: tuple[str, ...]
+    seeds: tuple[int, ...]
+    target_return: Optional[float] = None
+    max_seconds: Optional[float] = None
+    max_learner_steps: Optional[int] = None
+    max_actor_steps: Optional[int] = None
+    run_flags: tuple[str, ...] = ()
+    launcher: str = "inprocess"
+    ray_address: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One ActorQ run of the study."""
+
+    env: str
+    precision: str
+    seed: int
+
+    @property
+    def comm_precision(self) -> str:
+        return self.precision if self.precision in QUANTIZED_COMM else "fp32"
+
+    @property
+    def relative_dir(self) -> str:
+        return os.path.join("cells", studies.env_slug(self.env), self.precision, f"seed{self.seed}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.env} {self.precision} seed {self.seed}"
+
+
+def _check_run_flag(item: str) -> str:
+    if not item.startswith("--") or len(item) < 3:
+        raise QrlInputError(f"--run_flag takes a launch.actorq flag like --num_actors=2, got {item!r}")
+    name = item[2:].partition("=")[0]
+    for reserved in STUDY_FLAGS:
+        if name in (reserved, f"no{reserved}"):
+            raise QrlInputError(f"--run_flag={item} is set by the study itself; use the study's own flag")
+    return item
+
+
+def make_options(
+    workdir: Optional[str], agent: str, envs: str, precisions: str, seeds: str,
+    target_return: Optional[float] = None, max_seconds: Optional[float] = None,
+    max_learner_steps: Optional[int] = None, max_actor_steps: Optional[int] = None,
+    run_flags: Sequence[str] = (), launcher: str = "inprocess", ray_address: Optional[str] = None,
+) -> StudyOptions:
+    """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError."""
+    from agents.actorq import check_agent
+    from qrl.distributed.weights import ACTOR_PRECISIONS
+    from qrl.envs.ids import split_env_id
+
+    env_ids = studies.parse_list(envs, "envs")
+    for env_id in env_ids:
+        split_env_id(env_id)
+    precision_list = studies.parse_list(precisions, "precisions")
+    for precision in precision_list:
+        if precision not in ACTOR_PRECISIONS:
+            raise QrlInputError(f"unknown actor precision {precision!r} in --precisions; choose from "
+                                f"{', '.join(ACTOR_PRECISIONS)}")
+    if "fp32" not in precision_list:
+        raise QrlInputError("--precisions must include fp32: speedups are measured against fp32 actors")
+    seed_list = studies.parse_ints(seeds, "seeds")
+    if not seed_list:
+        raise QrlInputError("--seeds is empty")
+    if target_return is not None and not math.isfinite(target_return):
+        raise QrlInputError(f"--target_return must be a finite number, got {target_return}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise QrlInputError(f"--max_seconds must be > 0, got {max_seconds}")
+    for name, value in (("max_learner_steps", max_learner_steps), ("max_actor_steps", max_actor_steps)):
+        if value is not None and value < 1:
+            raise QrlInputError(f"--{name} must be >= 1, got {value}")
+    if launcher not in ("inprocess", "ray"):
+        raise QrlInputError(f"--launcher must be inprocess or ray, got {launcher!r}")
+    return StudyOptions(
+        common.require_workdir(workdir), check_agent(agent), tuple(env_ids), tuple(precision_list), tuple(seed_list),
+        target_return, max_seconds, max_learner_steps, max_actor_steps,
+        tuple(_check_run_flag(item) for item in run_flags), launcher, ray_address,
+    )
+
+
+def plan_cells(options: StudyOptions) -> list[Cell]:
+    """Every cell, env → seed → precision (a seed's precisions run back to back)."""
+    return [Cell(env, precision, seed) for env in options.envs for seed in options.seeds for precision in options.precisions]
+
+
+def cell_argv(cell: Cell, options: StudyOptions) -> list[str]:
+    """`python -m launch.actorq ...` for one cell."""
+    argv = [sys.executable, "-m", ACTORQ_MODULE, f"--agent={options.agent}", f"--env={cell.env}",
+            f"--actor_precision={cell.precision}", f"--comm_precision={cell.comm_precision}", f"--seed={cell.seed}",
+            f"--workdir={os.path.join(options.workdir, cell.relative_dir)}", f"--launcher={options.launcher}"]
+    for name in ("target_return", "max_seconds", "max_learner_steps", "max_actor_steps", "ray_address"):
+        value = getattr(options, name)
+        if value is not None:
+            argv.append(f"--{name}={value}")
+    return argv + list(options.run_flags)
+
+
+def run_subprocess(argv: Sequence[str], log_path: str) -> int:
+    """Runs `argv` from the repository root with its output appended to `log_path`; the exit status."""
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    with open(log_path, "a", encoding="utf-8") as log_file:
+        log_file.write(f"$ {' '.join(argv)}\n")
+        log_file.flush()
+        return subprocess.run(list(argv), cwd=REPO_ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT).returncode
+
+
+def _last_line(log_path: str) -> str:
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as log_file:
+            lines = [line.strip() for line in log_file if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(no output)"
+
+
+def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_subprocess) -> Optional[str]:
+    """Runs one cell unless its results.json exists: "already done", "ran", or None with the
+    failure left in its log (raises nothing for a failed run)."""
+    cell_dir = os.path.join(options.workdir, cell.relative_dir)
+    if os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
+        return "already done"
+    if os.path.exists(cell_dir):
+        shutil.rmtree(cell_dir)  # an unfinished run: start it again.
+    os.makedirs(os.path.dirname(cell_dir), exist_ok=True)
+    status = runner(cell_argv(cell, options), cell_dir + ".log")
+    return "ran" if status == 0 and os.path.exists(os.path.join(cell_dir, RESULTS_FILE)) else None
+
+
+def run_study(options: StudyOptions, runner: Runner = run_subprocess, log: Callable[[str], None] = print) -> dict:
+    """Runs the cells not done yet (one at a time), then writes the report over every finished cell.
+
+    Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels]}.
+    """
+    from qrl.distributed.report import write_report
+
+    cells = plan_cells(options)
+    os.makedirs(options.workdir, exist_ok=True)
+    io.atomic_write_json(os.path.join(options.workdir, "study.json"),
+                         {**dataclasses.asdict(options), "cells": [dataclasses.asdict(cell) for cell in cells]})
+    failed = []
+    for index, cell in enumerate(cells, start=1):
+        start = time.perf_counter()
+        what = run_cell(cell, options, runner)
+        log_path = os.path.join(options.workdir, cell.relative_dir) + ".log"
+        if what is None:
+            failed.append(f"{cell.label} (log {log_path})")
+            what = f"FAILED: {_last_line(log_path)}"
+        log(f"[{index}/{len(cells)}] {cell.label}: {what} ({time.perf_counter() - start:.0f} s)")
+    results = [io.read_json(path) for path in
+               (os.path.join(options.workdir, cell.relative_dir, RESULTS_FILE) for cell in cells) if os.path.exists(path)]
+    paths = write_report(results, options.workdir, options.target_return, missing=failed) if results else None
+    return {"paths": paths, "failed": failed}
+
+
+def run() -> None:
+    options = make_options(
+        FLAGS.workdir, FLAGS.agent, FLAGS.envs, FLAGS.precisions, FLAGS.seeds, FLAGS.target_return,
+        FLAGS.max_seconds, FLAGS.max_learner_steps, FLAGS.max_actor_steps, FLAGS.run_flag, FLAGS.launcher,
+        FLAGS.ray_address,
+    )
+    outcome = run_study(options)
+    if outcome["paths"]:
+        print(f"ActorQ study report: {outcome['paths']['report.md']}")
+    else:
+        print("no cell finished: no report written", file=sys.stderr)
+    if outcome["failed"]:
+        print(f"{len(outcome['failed'])} cell(s) failed: {'; '.join(outcome['failed'])}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    common.run_entry_point(run)

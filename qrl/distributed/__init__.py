@@ -1,0 +1,1 @@
+"""Distributed actor-learner training (ActorQ): nodes and launchers."""

@@ -1,0 +1,225 @@
+"""Programs of nodes and the launchers' common supervision loop (launchpad's role).
+
+A `Program` lists `NodeSpec`s in creation order; a spec's kwargs may hold `NodeRef(name)`
+placeholders, which a backend replaces by handles of nodes created before it. A backend
+creates nodes, starts their `run()` and reports whether each run is going, finished, died (its
+process vanished) or failed (raised). `supervise` starts everything, polls a stop condition,
+restarts restartable nodes whose process died, and on any exit — stop condition, failure,
+Ctrl-C — stops every node, waits for their runs, gathers their stats and shuts the backend down,
+so no node process outlives the program.
+
+`InProcessBackend` runs every node in this process, each `run()` in a thread (launchpad's
+`local_mt`); `qrl.distributed.ray_launcher.RayBackend` runs each node as a Ray actor process.
+"""
+
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Any, Callable, Optional, Protocol
+
+from qrl.distributed.handles import LocalHandle
+
+RUNNING, FINISHED, DIED, FAILED = "running", "finished", "died", "failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRef:
+    """Stands for the handle of node `name` in another node's kwargs."""
+
+    name: str
+
+
+@dataclasses.dataclass
+class NodeSpec:
+    """One node: `factory(**kwargs)` builds it (a class importable by name, so Ray can build it
+    in another process); `num_cpus` is its Ray CPU request; `concurrency` how many calls it may
+    serve at once (its `run` loop counts as one); `restartable` nodes are rebuilt with the same
+    kwargs when their process dies."""
+
+    name: str
+    factory: Callable[..., Any]
+    kwargs: dict
+    num_cpus: float = 0.0
+    concurrency: int = 2
+    restartable: bool = False
+
+
+@dataclasses.dataclass
+class Program:
+    nodes: list[NodeSpec]
+
+    def names(self) -> list[str]:
+        return [node.name for node in self.nodes]
+
+
+@dataclasses.dataclass
+class Outcome:
+    """How a supervised program ended."""
+
+    reason: str  # the stop condition's reason, "interrupted", or "failed"
+    seconds: float
+    stats: dict  # node name -> its stats() (absent when the node could not answer)
+    restarts: dict  # node name -> times restarted
+    error: Optional[str] = None
+    final: Any = None  # what `on_stop` returned
+
+
+class Backend(Protocol):
+    def create(self, spec: NodeSpec, kwargs: dict) -> Any: ...
+
+    def wait_ready(self, names: list[str]) -> None: ...
+
+    def start_run(self, name: str) -> None: ...
+
+    def status(self, name: str) -> tuple[str, Optional[str]]: ...
+
+    def restart(self, name: str) -> Any: ...
+
+    def wait_runs(self, names: list[str], timeout: float) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def resolve(kwargs: dict, handles: dict) -> dict:
+    """`kwargs` with every `NodeRef` replaced by that node's handle."""
+    return {key: handles[value.name] if isinstance(value, NodeRef) else value for key, value in kwargs.items()}
+
+
+class InProcessBackend:
+    """Every node in this process; each `run()` in its own thread."""
+
+    def __init__(self, max_workers: int = 32):
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="qrl-call")
+        self._specs: dict[str, tuple[NodeSpec, dict]] = {}
+        self._handles: dict[str, LocalHandle] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._errors: dict[str, str] = {}
+
+    def create(self, spec: NodeSpec, kwargs: dict) -> LocalHandle:
+        self._specs[spec.name] = (spec, kwargs)
+        handle = LocalHandle(spec.factory(**kwargs), self._executor)
+        self._handles[spec.name] = handle
+        return handle
+
+    def wait_ready(self, names: list[str]) -> None:
+        """Nodes built in this process are ready once created."""
+
+    def start_run(self, name: str) -> None:
+        node = self._handles[name].node
+
+        def run():
+            try:
+                node.run()
+            except Exception as error:  # reported through status(); the supervisor decides.
+                self._errors[name] = f"{type(error).__name__}: {error}"
+
+        thread = threading.Thread(target=run, name=f"qrl-{name}", daemon=True)
+        self._threads[name] = thread
+        thread.start()
+
+    def status(self, name: str) -> tuple[str, Optional[str]]:
+        if name in self._errors:
+            return FAILED, self._errors[name]
+        thread = self._threads.get(name)
+        return (RUNNING, None) if thread is not None and thread.is_alive() else (FINISHED, None)
+
+    def restart(self, name: str) -> LocalHandle:
+        raise RuntimeError("in-process nodes share the launcher's process: they cannot die alone")
+
+    def wait_runs(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for name in names:
+            thread = self._threads.get(name)
+            if thread is not None:
+                thread.join(max(deadline - time.monotonic(), 0.0))
+
+    def shutdown(self) -> None:
+        for handle in self._handles.values():
+            close = getattr(handle.node, "close", None)
+            if close is not None:
+                close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def supervise(
+    backend: Backend,
+    program: Program,
+    should_stop: Callable[[dict, float], Optional[str]],
+    poll_seconds: float = 0.25,
+    stop_order: Optional[list[str]] = None,
+    on_stop: Optional[Callable[[dict], Any]] = None,
+    on_start: Optional[Callable[[dict], None]] = None,
+) -> Outcome:
+    """Runs `program` on `backend` until `should_stop(handles, elapsed_seconds)` returns a reason.
+
+    Nodes are stopped in `stop_order` (default: reverse creation order), then `on_stop(handles)`
+    runs while every node still answers (final evaluation, checkpoint), then stats are gathered
+    and the backend shuts down — also after a failure or Ctrl-C.
+    """
+    handles: dict[str, Any] = {}
+    restarts: dict[str, int] = {}
+    reason, error, final = "failed", None, None
+    start = time.monotonic()
+    try:
+        for spec in program.nodes:
+            handles[spec.name] = backend.create(spec, resolve(spec.kwargs, handles))
+        backend.wait_ready(program.names())
+        if on_start is not None:
+            on_start(handles)
+        for spec in program.nodes:
+            backend.start_run(spec.name)
+        start = time.monotonic()
+        stop_reason = None
+        while stop_reason is None:
+            time.sleep(poll_seconds)
+            for spec in program.nodes:
+                state, message = backend.status(spec.name)
+                if state == DIED and spec.restartable:
+                    handles[spec.name] = backend.restart(spec.name)
+                    restarts[spec.name] = restarts.get(spec.name, 0) + 1
+                elif state in (DIED, FAILED):
+                    raise NodeFailure(f"node {spec.name} {state}: {message or 'its process exited'}")
+            stop_reason = should_stop(handles, time.monotonic() - start)
+        reason = stop_reason
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    except NodeFailure as failure:
+        error = str(failure)
+    seconds = time.monotonic() - start
+    stats: dict = {}
+    try:
+        if handles:
+            final = _stop_all(backend, program, handles, stop_order, on_stop, stats)
+    except KeyboardInterrupt:
+        reason = "interrupted"
+    finally:
+        backend.shutdown()
+    return Outcome(reason=reason, seconds=seconds, stats=stats, restarts=restarts, error=error, final=final)
+
+
+class NodeFailure(RuntimeError):
+    """A node that cannot be restarted raised or lost its process."""
+
+
+def _stop_all(backend, program: Program, handles: dict, stop_order, on_stop, stats: dict) -> Any:
+    order = stop_order or list(reversed(program.names()))
+    for name in order:
+        _quietly(lambda: handles[name].call("stop"))
+    backend.wait_runs(order, timeout=30.0)
+    final = None
+    if on_stop is not None:
+        final = on_stop(handles)
+    for name in program.names():
+        result = _quietly(lambda: handles[name].call("stats"))
+        if result is not None:
+            stats[name] = result
+    return final
+
+
+def _quietly(call: Callable[[], Any]) -> Any:
+    """A call to a node that may already be gone: None instead of an error."""
+    try:
+        return call()
+    except Exception:
+        return None
