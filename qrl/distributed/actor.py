@@ -23,7 +23,8 @@ from qrl.distributed.agent import DistributedAgent
 from qrl.distributed.handles import Future
 from qrl.replay import NStepAccumulator, Transition
 
-TIMED_PHASES = ("env_step", "inference", "pull_wait", "deserialize", "load", "insert", "compile")
+TIMED_PHASES = ("env_step", "inference", "pull_wait", "deserialize", "load", "insert")
+ONE_TIME_PHASES = ("startup_wait", "compile")  # waiting for the first weights; compiling policies
 INSERT_TIMEOUT_SECONDS = 1.0  # blocked inserts return this often so the actor can notice stop()
 RECENT_EPISODES = 20
 
@@ -134,7 +135,7 @@ class Actor:
         self._recent_returns: list[float] = []
         self._single_observation = None
         self._stop = threading.Event()
-        self._seconds = {phase: 0.0 for phase in TIMED_PHASES}
+        self._seconds = {phase: 0.0 for phase in TIMED_PHASES + ONE_TIME_PHASES}
         self._counts = {"steps": 0, "episodes": 0, "pulls": 0, "loads": 0, "inserts": 0}
         self._run_seconds = 0.0
         self._pull_bytes = 0
@@ -199,7 +200,7 @@ class Actor:
 
     def stats(self) -> dict:
         """Steps, episodes, pulls and seconds per phase (`other` = run time not in a phase)."""
-        timed = sum(seconds for phase, seconds in self._seconds.items() if phase != "compile")
+        timed = sum(self._seconds.values())
         recent = self._recent_returns[-RECENT_EPISODES:]
         return {
             "actor_id": self.actor_id,
@@ -211,8 +212,8 @@ class Actor:
             "pull_bytes": self._pull_bytes,
             "run_seconds": self._run_seconds,
             "steps_per_second": self._counts["steps"] / self._run_seconds if self._run_seconds > 0 else 0.0,
-            "seconds": {**self._seconds, "other": max(self._run_seconds - timed - self._seconds["compile"], 0.0),
-                        "total": self._run_seconds},
+            "seconds": {**self._seconds, "other": max(self._run_seconds - timed, 0.0),
+                        "total": self._run_seconds - sum(self._seconds[phase] for phase in ONE_TIME_PHASES)},
             "recent_return": float(np.mean(recent)) if recent else None,
             "process_cpu_seconds": _process_cpu_seconds(),
         }
@@ -284,11 +285,19 @@ class Actor:
                 self._insert = (self._replay.call_async("insert", rest, None, INSERT_TIMEOUT_SECONDS), rest)
 
     def _ensure_weights(self) -> None:
-        """Blocks until the first weights have arrived (the learner publishes at start)."""
+        """Blocks until the first weights have arrived (the learner publishes at start); the wait
+        is startup, not the steady-state pull cost the breakdown reports."""
+        if self._params is not None:
+            return
+        tick = time.perf_counter()
+        pull_wait = self._seconds["pull_wait"]
         while self._params is None and not self._stop.is_set():
             self._maybe_pull(force_wait=True)
             if self._params is None:
                 self._stop.wait(0.05)
+        self._seconds["pull_wait"] = pull_wait
+        loading = self._seconds["deserialize"] + self._seconds["load"] + self._seconds["compile"]  # all from this first load
+        self._seconds["startup_wait"] += time.perf_counter() - tick - loading
         if self._params is None:
             raise RuntimeError("actor stopped before any weights arrived")
 

@@ -28,6 +28,7 @@ from qrl.replay import Transition
 
 SAMPLE_TIMEOUT_SECONDS = 1.0  # a blocked sample returns this often so the learner can notice stop()
 TIMED_PHASES = ("sample_wait", "update", "publish", "checkpoint")
+CALIBRATION_OBSERVATIONS = 1024  # observations of the step's batch that calibrate activation ranges
 
 
 class Learner:
@@ -160,7 +161,7 @@ class Learner:
         params = serialization.to_state_dict(jax.device_get(self._agent.policy_params(self._state)))
         ranges = None
         if self._calibrate_ranges and observations is not None:
-            flat = np.asarray(observations).reshape((-1, *np.shape(observations)[2:]))
+            flat = np.asarray(observations).reshape((-1, *np.shape(observations)[2:]))[:CALIBRATION_OBSERVATIONS]
             ranges = jax.device_get(serialization.to_state_dict(self._ranges(params, flat)))
         encode_start = time.perf_counter()
         blob = weights.encode(params, self._comm_precision, ranges, self._compress)
