@@ -14,6 +14,9 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(INSTALLED): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.txt
+	# dm-acme 0.4.0 for the ActorQ compatibility test (acme.core, EnvironmentLoop): without its
+	# dependencies, whose dm-launchpad pin has no wheel for Python 3.11 (see DESIGN notes).
+	$(PY) -m pip install --quiet --no-deps dm-acme==0.4.0
 	touch $(INSTALLED)
 
 venv: $(INSTALLED)

@@ -50,18 +50,12 @@ ACME_0_4_0 = {
     },
 }
 OURS = {"Actor": Actor, "VariableSource": Learner, "Learner": Learner}
-KNOWN_GAPS = {
-    ("Learner", "run"): "qrl Learner.run() takes no num_steps (it loops until stop() or max_steps)",
-    ("Learner", "restore"): "qrl Learner has no restore(state)",
-}
 
 
 def _acme_methods():
     for interface, methods in ACME_0_4_0.items():
         for method, parameters in methods.items():
-            gap = KNOWN_GAPS.get((interface, method))
-            marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
-            yield pytest.param(interface, method, parameters, marks=marks, id=f"{interface}.{method}")
+            yield pytest.param(interface, method, parameters, id=f"{interface}.{method}")
 
 
 def _parameters(function) -> tuple:
@@ -133,7 +127,7 @@ def test_our_actor_runs_inside_acme_environment_loop(acme):
         actor = AcmeActor(
             actor_id=0, agent_factory=factory, env_id=ENV_ID, env_options=None, num_envs=1, seed=0,
             actor_precision="int8", noise_scale=0.1, replay=LocalHandle(replay, executor),
-            broadcaster=LocalHandle(broadcaster, executor), counter=LocalHandle(counter, executor), insert_chunk=1,
+            broadcaster=LocalHandle(broadcaster, executor), counter=LocalHandle(counter, executor), insert_chunk=8,
         )
         acme.EnvironmentLoop(environment, actor, logger=records).run(num_episodes=2)
     environment.close()

@@ -160,7 +160,10 @@ class Actor:
                   np.asarray(next_timestep.observation), last)
         self._single_observation = np.asarray(next_timestep.observation)
         self._count_steps(1)
-        self._flush_if_full()
+        if last:
+            self._flush()
+        else:
+            self._flush_if_full()
 
     def update(self, wait: bool = False) -> None:
         """Pulls new weights when `update_period` steps have passed (Acme's `update`); with

@@ -134,7 +134,7 @@ class Learner:
         if self._last_publish is None or self._steps - self._last_publish >= self._publish_period:
             self.publish(batches.observation)
         if self._checkpoint_every and self._steps - self._last_checkpoint >= self._checkpoint_every:
-            self.save()
+            self.checkpoint()
         return True
 
     def get_variables(self, names: Sequence[str] = ("policy",)) -> list:
@@ -177,7 +177,16 @@ class Learner:
         self._seconds["publish"] += time.perf_counter() - tick
         return len(blob)
 
-    def save(self) -> Optional[int]:
+    def save(self) -> Any:
+        """The train state (Acme's `Saveable.save`); `checkpoint` writes it to disk."""
+        return self._state
+
+    def restore(self, state: Any) -> None:
+        """Replaces the train state (Acme's `Saveable.restore`), e.g. with a saved one."""
+        self._state = state
+        self._steps = int(jax.device_get(state.updates))
+
+    def checkpoint(self) -> Optional[int]:
         """Checkpoints the train state (and the counter's counts) at the current update count."""
         if self._checkpointer is None:
             return None
@@ -190,13 +199,17 @@ class Learner:
 
     # ----- node interface -------------------------------------------------------------------
 
-    def run(self) -> None:
-        """Publishes the initial weights, then steps until `stop()` (or `max_steps`)."""
+    def run(self, num_steps: Optional[int] = None) -> None:
+        """Publishes the current weights, then steps until `stop()`, `max_steps` updates in all,
+        or `num_steps` more updates (Acme's `run(num_steps)`)."""
         start = time.perf_counter()
+        limit = self._max_steps
+        if num_steps is not None:
+            limit = self._steps + num_steps if limit is None else min(limit, self._steps + num_steps)
         try:
             self.publish()
             while not self._stop.is_set():
-                if self._max_steps is not None and self._steps >= self._max_steps:
+                if limit is not None and self._steps >= limit:
                     break
                 self.step()
         finally:
@@ -213,7 +226,7 @@ class Learner:
         return os.getpid()
 
     def stats(self) -> dict:
-        timed = sum(self._seconds.values())
+        timed = self._seconds["sample_wait"] + self._seconds["update"] + self._seconds["publish"]
         return {
             "steps": self._steps,
             "publishes": len(self._publish_bytes),

@@ -38,6 +38,7 @@ RESUMABLE_FIELDS = (
     "max_learner_steps", "max_actor_steps", "max_seconds", "target_return", "launcher", "ray_address",
     "learner_cpus", "actor_cpus", "evaluator_cpus", "eval_every_seconds", "eval_episodes",
 )
+COUNTS = ("actor_steps", "learner_steps", "episodes")
 ACTOR_PHASES = ("env_step", "inference", "pull_wait", "deserialize", "load", "insert", "other")
 LEARNER_PHASES = ("sample_wait", "update", "publish", "other")
 
@@ -286,7 +287,7 @@ def run_actorq(config: ActorQConfig, workdir: Optional[str] = None, resume: bool
         nonlocal start_time
         resumed = handles["learner"].call("stats")["resumed_counts"]
         if resumed:
-            handles["counter"].call("increment", **{k: v for k, v in resumed.items() if isinstance(v, (int, float))})
+            handles["counter"].call("increment", **{key: int(resumed.get(key, 0)) for key in COUNTS})
         start_time = time.time()
         handles["evaluator"].call("set_start_time", start_time)
         meter.start()
@@ -294,7 +295,7 @@ def run_actorq(config: ActorQConfig, workdir: Optional[str] = None, resume: bool
     def on_stop(handles):
         record = handles["evaluator"].call("evaluate_now")
         progress.absorb(handles["evaluator"].call("records", len(progress.records)))
-        handles["learner"].call("save")
+        handles["learner"].call("checkpoint")
         for name in program.names():
             pids[name] = handles[name].call("pid")
         return record
@@ -362,7 +363,7 @@ def _results(config: ActorQConfig, outcome, progress: _Progress, pids: dict, met
         "num_actors": config.num_actors,
         "stop_reason": outcome.reason,
         "wall_seconds": outcome.seconds,
-        "counts": {**{key: int(counts.get(key, 0)) for key in ("actor_steps", "learner_steps", "episodes")},
+        "counts": {**{key: int(counts.get(key, 0)) for key in COUNTS},
                    "pulls": int(sum(s["loads"] for s in actor_stats))},
         "target_return": config.target_return,
         "time_to_target_seconds": target["wall_seconds"] if target else None,
