@@ -42,6 +42,7 @@ bench: $(INSTALLED) $(BENCH_VENV)/.installed
 	$(PY) -m bench.dqn_throughput
 	$(PY) -m bench.train_throughput --case=all
 	$(PY) -m bench.qat_overhead
+	$(PY) -m bench.actorq
 
 clean:
 	rm -rf runs MUJOCO_LOG.TXT

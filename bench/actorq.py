@@ -19,8 +19,9 @@ int8 weight updates reach an actor faster.
 3. Seconds per weight update at an actor, pull + deserialize + load (`weights.decode`,
    `weights.load`, `jax.device_put`, as `Actor._load` does), per comm → actor precision pair, in
    process (the broadcaster object in this process) and through Ray (one broadcaster Ray actor
-   per pair, pulled with a blocking call). Timed round-robin (`bench.timing`); medians and the
-   speedup over fp32 → fp32. Target: int8 → int8 ≥ 3× faster than fp32 → fp32.
+   per comm variant, pulled with a blocking call). Timed round-robin (`bench.timing`); medians,
+   stage medians and the speedup over fp32 → fp32 (fp32 → int8 shows an int8 actor quantizing
+   every update itself). Target: int8 → int8 ≥ 3× faster than fp32 → fp32.
 
 Absolute numbers move with the load on this shared 2-core machine; ratios measured side by side
 in one process do not (DESIGN.md §3). XLA:CPU runs one thread (`--xla_threads`), async
@@ -50,7 +51,6 @@ COMM_VARIANTS = ("fp32", "fp16", "bf16", "int8", "int8+zlib")
 # fp32 -> int8 is an int8 actor quantizing each update itself instead of the learner doing it once.
 PULL_PAIRS = (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8"), ("int8+zlib", "int8"), ("fp32", "int8"))
 REPLAY_CAPACITY = 100_000
-CALIBRATION_STEPS = 256
 MIN_MEASURED_BATCHED_STEPS = 5
 
 
@@ -160,12 +160,13 @@ def random_actions(action_spec, count: int, rng: np.random.Generator) -> np.ndar
 
 def prepare(config: ActorConfig) -> Prepared:
     """Builds the agent, its initial fp32 policy params, and input ranges calibrated as
-    `Learner.publish` calibrates them, on observations of a random-action rollout."""
+    `Learner.publish` calibrates them (on as many observations), from a random-action rollout."""
     import jax
     from flax import serialization
 
     from agents.actorq import AgentFactory
     from qrl import envs
+    from qrl.distributed.learner import CALIBRATION_OBSERVATIONS
     from qrl.quant import FP32
     from qrl.quant.ops import CALIBRATION
 
@@ -176,7 +177,7 @@ def prepare(config: ActorConfig) -> Prepared:
     params = serialization.to_state_dict(jax.device_get(agent.policy_params(state)))
     rng = np.random.default_rng(0)
     observations = [vector_env.reset()]
-    for _ in range(CALIBRATION_STEPS - 1):
+    for _ in range(CALIBRATION_OBSERVATIONS - 1):
         observations.append(vector_env.step(random_actions(vector_env.action_spec(), 1, rng)).observation)
     vector_env.close()
     network = agent.policy_network(FP32)

@@ -175,7 +175,7 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
             calibrate=config.activation_scales == "static", publish_period=config.publish_period,
             prioritized=config.prioritized,
             checkpoint_dir=os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR) if workdir else None,
-            checkpoint_every=config.checkpoint_every, resume=resume,
+            checkpoint_every=config.checkpoint_every, resume=resume, max_steps=config.max_learner_steps,
             xla_threads=max(1, int(config.learner_cpus)),
         ), num_cpus=config.learner_cpus, concurrency=4),
         NodeSpec("evaluator", Evaluator, dict(
@@ -273,9 +273,13 @@ def run_actorq(config: ActorQConfig, workdir: Optional[str] = None, resume: bool
     factory = AgentFactory(config.agent, config.env, dict(config.overrides))
     specs = _env_specs(config)
     agent = factory(*specs)  # builds the agent here first: bad overrides fail before any node starts
+    backend = _make_backend(config)  # joining a cluster fails here, before the workdir is touched
     if workdir:
-        prepare_workdir(workdir, config, resume, overwrite)
-    backend = _make_backend(config)
+        try:
+            prepare_workdir(workdir, config, resume, overwrite)
+        except BaseException:
+            backend.shutdown()
+            raise
     logger = MetricsLogger(workdir) if workdir else None
     progress = _Progress(config, logger, printer)
     meter = energy.EnergyMeter()
@@ -396,6 +400,7 @@ def _results(config: ActorQConfig, outcome, progress: _Progress, pids: dict, met
         "cpu_seconds": {"total": cpu_total, "by_node": cpu_by_node, "processes": len(cpu_by_process)},
         "energy": meter.stop(cpu_total),
         "restarts": dict(outcome.restarts),
+        "resumed_from": learner.get("resumed_from"),  # the learner checkpoint step a resumed run started from
         "learner_metrics": learner.get("metrics", {}),
         "actors": actor_stats,
     }
