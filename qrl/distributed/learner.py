@@ -47,6 +47,8 @@ class Learner:
       checkpoint_dir: where `save` writes (None: no checkpoints); `checkpoint_every` updates
         between saves (0: only when asked); `resume`: start from the latest checkpoint there.
       max_steps: stop `run` after this many updates (None: until `stop()`).
+      prefetch: request the next batch before training on this one, so the replay's round trip
+        overlaps the update (with prioritized replay its priorities then lag one step).
     """
 
     def __init__(
@@ -67,10 +69,13 @@ class Learner:
         checkpoint_every: int = 0,
         resume: bool = False,
         max_steps: Optional[int] = None,
+        prefetch: bool = True,
         xla_threads: int = 1,
     ):
         runtime.configure_jax(xla_threads)
         self._agent = agent_factory(observation_spec, action_spec)
+        self._prefetch = bool(prefetch)
+        self._next_sample = None
         self._comm_precision = weights.check_precision(comm_precision, weights.COMM_PRECISIONS, "communication precision")
         self._compress = bool(compress)
         self._calibrate_ranges = bool(calibrate)
@@ -116,11 +121,16 @@ class Learner:
         """One learner step: K fused updates on a sampled `[K, B]` batch. False when the sample
         timed out (not enough data yet, or the replay closed)."""
         tick = time.perf_counter()
-        sample = self._replay.call("sample", self._batch_size, self._updates_per_step, SAMPLE_TIMEOUT_SECONDS)
+        if self._next_sample is None:
+            self._next_sample = self._request_sample()
+        sample = self._next_sample.result()
+        self._next_sample = None
         sampled = time.perf_counter()
         self._seconds["sample_wait"] += sampled - tick
         if sample is None:
             return False
+        if self._prefetch:  # the next batch travels while this one trains (Acme's prefetching)
+            self._next_sample = self._request_sample()
         batches = Transition(**sample["transitions"])
         self._state, metrics, priorities = self._update(self._state, batches, np.asarray(sample["weights"], np.float32))
         priorities = np.asarray(priorities)  # waits for the update to finish
@@ -136,6 +146,9 @@ class Learner:
         if self._checkpoint_every and self._steps - self._last_checkpoint >= self._checkpoint_every:
             self.checkpoint()
         return True
+
+    def _request_sample(self):
+        return self._replay.call_async("sample", self._batch_size, self._updates_per_step, SAMPLE_TIMEOUT_SECONDS)
 
     def get_variables(self, names: Sequence[str] = ("policy",)) -> list:
         """The latest published fp32 policy params (numpy), one entry per name (Acme's
