@@ -1,0 +1,28 @@
+"""Every task the ActorQ study names runs end to end (in-process, a few learner steps each):
+D4PG on five DM Control tasks, DQN on three gymnasium classic-control tasks, with int8 actors."""
+
+import pytest
+
+from qrl.distributed.run import ActorQConfig, run_actorq
+
+D4PG_TASKS = ("dmc:cartpole-balance", "dmc:walker-stand", "dmc:reacher-hard", "dmc:cheetah-run", "dmc:finger-spin")
+DQN_TASKS = ("gym:CartPole-v1", "gym:MountainCar-v0", "gym:Acrobot-v1")
+SMALL = {
+    "d4pg": {"actor_hidden_sizes": "32-32", "critic_hidden_sizes": "32-32", "batch_size": 16, "learning_starts": 32},
+    "dqn": {"hidden_sizes": "32-32", "batch_size": 16, "learning_starts": 32, "train_freq": 4, "gradient_steps": 1},
+}
+
+
+@pytest.mark.parametrize("agent, env_id", [("d4pg", env) for env in D4PG_TASKS] + [("dqn", env) for env in DQN_TASKS])
+def test_actorq_runs_the_task(agent, env_id):
+    config = ActorQConfig(
+        agent=agent, env=env_id, num_actors=2, actor_precision="int8", max_learner_steps=8, min_replay_size=32,
+        insert_chunk=8, publish_period=2, actor_update_period=20, eval_episodes=1, eval_every_seconds=60.0,
+        max_eval_episode_steps=20, overrides=SMALL[agent],
+    )
+    results = run_actorq(config, printer=lambda line: None)
+    assert results["stop_reason"] == "max_learner_steps"
+    assert results["counts"]["learner_steps"] == 8  # the learner stops itself exactly there
+    assert results["counts"]["actor_steps"] >= 32  # the replay's minimum size was filled
+    assert results["final_return"]["actor"] is not None
+    assert results["publish"]["count"] >= 2 and results["breakdown"]["loads"] >= 2
