@@ -11,7 +11,7 @@ import json
 import os
 import pathlib
 import uuid
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -120,6 +120,17 @@ def save_figure(fig: Any, path: PathLike, **savefig_kwargs: Any) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", **savefig_kwargs)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def finish_plot(figure: Any, axis: Any, path: Optional[PathLike] = None) -> Any:
+    """A one-axis figure's finish: grid, legend, tight layout, and `save_figure` when `path` is
+    given. Returns the figure."""
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    if path is not None:
+        save_figure(figure, path)
+    return figure
 
 
 def _remove_quietly(path: str) -> None:

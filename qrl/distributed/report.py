@@ -294,12 +294,7 @@ def plot_returns(groups: Mapping[tuple, Sequence[Mapping]], agent: str, env: str
     axis.set_xlabel(x_label)
     axis.set_ylabel("evaluation return (fp32 policy)")
     axis.set_title(f"{agent} on {env}" if agent else env)
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    if path is not None:
-        io.save_figure(figure, path)
-    return figure
+    return io.finish_plot(figure, axis, path)
 
 
 def plot_breakdown(rows: Sequence[Mapping], title: str, path: Optional[str] = None) -> Figure:

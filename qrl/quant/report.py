@@ -80,12 +80,7 @@ def plot_sweetspot(sweep: Mapping, path: Optional[str] = None, title: Optional[s
     axis.set_xlabel("bits per weight")
     axis.set_ylabel(f"return over {sweep['episodes']} episodes")
     axis.set_title(title or f"PTQ sweet spot: {sweep['env']}")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    if path is not None:
-        io.save_figure(figure, path)
-    return figure
+    return io.finish_plot(figure, axis, path)
 
 
 def write_ptq_outputs(sweep: Mapping, out_dir: str, title: Optional[str] = None) -> dict:

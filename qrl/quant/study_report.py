@@ -167,12 +167,7 @@ def plot_pair_sweetspot(pair: Mapping, path: Optional[str] = None) -> Figure:
     axis.set_xlabel("bits per weight")
     axis.set_ylabel("return")
     axis.set_title(f"{pair['agent']} on {pair['env']} (seeds {', '.join(map(str, pair['seeds']))})")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-    figure.tight_layout()
-    if path is not None:
-        io.save_figure(figure, path)
-    return figure
+    return io.finish_plot(figure, axis, path)
 
 
 def _layers(params: Mapping, prefix: str = "") -> list[tuple[str, np.ndarray]]:
