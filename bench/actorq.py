@@ -35,7 +35,7 @@ import math
 import os
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 

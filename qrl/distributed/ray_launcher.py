@@ -11,7 +11,6 @@ calls — stop, stats, a blocked replay sample — while its `run()` loops.
 
 import os
 import socket
-import sys
 from typing import Any, Optional
 
 import ray
@@ -173,8 +172,3 @@ class RayBackend:
 def _first_line(error: Any) -> str:
     text = str(error).strip().splitlines()
     return text[-1] if text else type(error).__name__
-
-
-def available() -> bool:
-    """Whether Ray imports (it is a pinned requirement; this guards partial installs)."""
-    return "ray" in sys.modules

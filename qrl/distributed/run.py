@@ -3,10 +3,9 @@ launch in-process or on Ray, stop conditions, and everything written into the wo
 
 The workdir gets `config.json` (at the start), `metrics.csv` and TensorBoard events (one row per
 evaluation: wall time, learner and actor steps, fp32 and actor-precision returns), learner
-checkpoints under `checkpoints/`, and at the end `results.json` (the schema in
-`qrl/distributed/report.py`'s readers: counts, time to target, final returns, throughput per
-node, the runtime breakdown, bytes per publish, CPU seconds and an energy estimate) and
-`breakdown.png`.
+checkpoints under `checkpoints/`, and at the end `results.json` (counts, time to target, final
+returns, throughput per node, the runtime breakdown, bytes per publish, CPU seconds and an energy
+estimate; `qrl.distributed.report` reads it) and `breakdown.png`.
 """
 
 import dataclasses
