@@ -232,7 +232,8 @@ def test_real_codecarbon_without_rapl_falls_back_and_writes_nothing(monkeypatch,
 
 
 def test_report_precision_order_matches_the_actor_precisions():
-    weights = pytest.importorskip("qrl.distributed.weights")
+    from qrl.distributed import weights
+
     assert set(report.PRECISION_ORDER) == set(weights.ACTOR_PRECISIONS)
 
 
