@@ -253,7 +253,7 @@ def test_uniform_sample_shapes_dtypes_and_weights():
     assert set(batch["indices"].reshape(-1).tolist()) <= {0, 1, 2, 3, 4}
     stats = replay.stats()
     assert set(stats) == {"inserted", "sampled", "size", "insert_seconds", "sample_seconds",
-                          "insert_wait_seconds", "sample_wait_seconds"}
+                          "insert_wait_seconds", "sample_wait_seconds", "process_cpu_seconds"}
     assert (stats["inserted"], stats["sampled"], stats["size"]) == (5, 18, 5)
     assert stats["insert_seconds"] > 0.0 and stats["sample_seconds"] > 0.0
 

@@ -20,6 +20,7 @@ import numpy as np
 from qrl import envs, runtime
 from qrl.distributed import weights
 from qrl.distributed.agent import DistributedAgent
+from qrl.distributed.counting import process_cpu_seconds
 from qrl.distributed.handles import Future
 from qrl.replay import NStepAccumulator, Transition
 
@@ -218,7 +219,7 @@ class Actor:
             "seconds": {**self._seconds, "other": max(self._run_seconds - timed, 0.0),
                         "total": self._run_seconds - sum(self._seconds[phase] for phase in ONE_TIME_PHASES)},
             "recent_return": float(np.mean(recent)) if recent else None,
-            "process_cpu_seconds": _process_cpu_seconds(),
+            "process_cpu_seconds": process_cpu_seconds(),
         }
 
     # ----- internals ------------------------------------------------------------------------
@@ -337,8 +338,3 @@ class Actor:
         self._params, self._policy, self._version = params, policy, int(version)
         self._counts["loads"] += 1
         self._pull_bytes += len(blob)
-
-
-def _process_cpu_seconds() -> float:
-    times = os.times()
-    return float(times.user + times.system)

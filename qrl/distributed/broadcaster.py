@@ -8,6 +8,8 @@ import os
 import threading
 from typing import Optional
 
+from qrl.distributed.counting import process_cpu_seconds
+
 
 class Broadcaster:
     """Passive node holding the latest published weight blob (thread-safe).
@@ -46,7 +48,8 @@ class Broadcaster:
     def stats(self) -> dict:
         with self._lock:
             return {"publishes": self._publishes, "pulls": self._pulls, "bytes_last": self._bytes_last,
-                    "bytes_total": self._bytes_total, "version": self._version}
+                    "bytes_total": self._bytes_total, "version": self._version,
+                    "process_cpu_seconds": process_cpu_seconds()}
 
     def pid(self) -> int:
         return os.getpid()

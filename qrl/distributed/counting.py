@@ -5,6 +5,12 @@ import threading
 from typing import Any
 
 
+def process_cpu_seconds() -> float:
+    """User + system CPU seconds this process has used (every thread, XLA's included)."""
+    times = os.times()
+    return float(times.user + times.system)
+
+
 class Counter:
     """Named counts that any node increments; thread-safe. Numpy only (starts fast in Ray)."""
 
@@ -35,7 +41,7 @@ class Counter:
         """A passive node: nothing to stop."""
 
     def stats(self) -> dict:
-        return {"counts": self.get_counts()}
+        return {"counts": self.get_counts(), "process_cpu_seconds": process_cpu_seconds()}
 
     def pid(self) -> int:
         return os.getpid()

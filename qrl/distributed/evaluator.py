@@ -17,6 +17,7 @@ import numpy as np
 from qrl import evaluation, runtime
 from qrl.distributed import weights
 from qrl.distributed.agent import DistributedAgent
+from qrl.distributed.counting import process_cpu_seconds
 from qrl.distributed.actor import PolicyCache
 from qrl.run_monitor import EVAL_SEED_OFFSET
 
@@ -126,7 +127,7 @@ class Evaluator:
         return {
             "evaluations": len(self._records),
             "seconds": self._seconds,
-            "process_cpu_seconds": float(sum(os.times()[:2])),
+            "process_cpu_seconds": process_cpu_seconds(),
         }
 
     def _evaluate(self, policies: PolicyCache, params: dict) -> float:

@@ -22,6 +22,7 @@ from qrl import runtime
 from qrl.checkpointing import Checkpointer
 from qrl.distributed import weights
 from qrl.distributed.agent import DistributedAgent
+from qrl.distributed.counting import process_cpu_seconds
 from qrl.quant import FP32
 from qrl.quant.ops import CALIBRATION
 from qrl.replay import Transition
@@ -252,7 +253,7 @@ class Learner:
             "metrics": self._metrics,
             "resumed_from": self.resumed_from,
             "resumed_counts": self.resumed_counts,
-            "process_cpu_seconds": float(sum(os.times()[:2])),
+            "process_cpu_seconds": process_cpu_seconds(),
         }
 
     def _steps_in_run(self) -> int:

@@ -23,6 +23,7 @@ from typing import Optional
 
 import numpy as np
 
+from qrl.distributed.counting import process_cpu_seconds
 from qrl.errors import QrlInputError
 
 
@@ -325,6 +326,7 @@ class ReplayServer:
                 "sample_seconds": self._seconds["sample"],
                 "insert_wait_seconds": self._seconds["insert_wait"],
                 "sample_wait_seconds": self._seconds["sample_wait"],
+                "process_cpu_seconds": process_cpu_seconds(),
             }
 
     def pid(self) -> int:
