@@ -26,3 +26,22 @@ def test_actorq_runs_the_task(agent, env_id):
     assert results["counts"]["actor_steps"] >= 32  # the replay's minimum size was filled
     assert results["final_return"]["actor"] is not None
     assert results["publish"]["count"] >= 2 and results["breakdown"]["loads"] >= 2
+
+
+@pytest.mark.parametrize("options, ratio_range", [
+    # prioritized replay, compressed fp16 publishes to bf16 actors, synchronous pulls, 4 envs per actor
+    (dict(prioritized=True, compress=True, actor_precision="bf16", comm_precision="fp16", sync_pull=True,
+          envs_per_actor=4), (0.3, 0.55)),
+    # fp32 publishes quantized by each int8 actor itself, dynamic activation scales
+    (dict(actor_precision="int8", comm_precision="fp32", activation_scales="dynamic"), (0.95, 1.05)),
+])
+def test_actorq_option_combinations_run(options, ratio_range):
+    config = ActorQConfig(
+        agent="dqn", env="gym:CartPole-v1", num_actors=2, max_learner_steps=8, min_replay_size=32, insert_chunk=8,
+        publish_period=2, actor_update_period=20, eval_episodes=1, eval_every_seconds=60.0, max_eval_episode_steps=20,
+        overrides=SMALL["dqn"], **options,
+    )
+    results = run_actorq(config, printer=lambda line: None)
+    assert results["counts"]["learner_steps"] == 8 and results["breakdown"]["loads"] >= 2
+    assert ratio_range[0] <= results["publish"]["ratio_to_fp32"] <= ratio_range[1]
+    assert results["final_return"]["actor"] is not None
