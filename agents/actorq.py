@@ -4,6 +4,7 @@ import dataclasses
 import importlib
 from typing import Any, Mapping
 
+from qrl.distributed import run as distributed_run
 from qrl.distributed.agent import DistributedAgent
 from qrl.errors import QrlInputError
 
@@ -34,3 +35,10 @@ class AgentFactory:
     def __call__(self, observation_spec, action_spec) -> DistributedAgent:
         module = importlib.import_module(f"agents.{check_agent(self.agent)}.actorq")
         return module.actorq_agent(self.config(), observation_spec, action_spec, self.env_id)
+
+
+def run_actorq(config: "distributed_run.ActorQConfig", workdir: str | None = None, **options) -> dict:
+    """`qrl.distributed.run.run_actorq` with this package's agents: the factory comes from the
+    config's agent, environment and overrides (the entry point, the study and notebooks use it)."""
+    factory = AgentFactory(check_agent(config.agent), config.env, dict(config.overrides))
+    return distributed_run.run_actorq(config, factory, workdir, **options)

@@ -20,7 +20,8 @@ import sys
 from absl import flags
 
 from launch import common
-from qrl.distributed.run import ActorQConfig, run_actorq
+from agents.actorq import run_actorq
+from qrl.distributed.run import ActorQConfig
 
 FLAGS = flags.FLAGS
 _DEFAULTS = ActorQConfig()

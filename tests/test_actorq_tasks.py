@@ -3,7 +3,8 @@ D4PG on five DM Control tasks, DQN on three gymnasium classic-control tasks, wit
 
 import pytest
 
-from qrl.distributed.run import ActorQConfig, run_actorq
+from agents.actorq import run_actorq
+from qrl.distributed.run import ActorQConfig
 
 D4PG_TASKS = ("dmc:cartpole-balance", "dmc:walker-stand", "dmc:reacher-hard", "dmc:cheetah-run", "dmc:finger-spin")
 DQN_TASKS = ("gym:CartPole-v1", "gym:MountainCar-v0", "gym:Acrobot-v1")

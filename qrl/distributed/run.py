@@ -97,10 +97,7 @@ class ActorQConfig:
 
 
 def validate(config: ActorQConfig) -> None:
-    """One `QrlInputError` line for the first bad setting."""
-    from agents.actorq import check_agent
-
-    check_agent(config.agent)
+    """One `QrlInputError` line for the first bad setting (the agent factory checks the agent)."""
     family, _ = split_env_id(config.env)
     if family not in HOST_FAMILIES:
         raise QrlInputError(f"ActorQ actors step host environments ({', '.join(HOST_FAMILIES)}); got {config.env}")
@@ -263,13 +260,15 @@ class _Progress:
         return None
 
 
-def run_actorq(config: ActorQConfig, workdir: Optional[str] = None, resume: bool = False, overwrite: bool = False,
-               printer: Callable[[str], None] = print) -> dict:
-    """Runs ActorQ with `config`; returns the results dict (also written to `workdir`)."""
-    from agents.actorq import AgentFactory
+def run_actorq(config: ActorQConfig, agent_factory: Callable[[Any, Any], DistributedAgent], workdir: Optional[str] = None,
+               resume: bool = False, overwrite: bool = False, printer: Callable[[str], None] = print) -> dict:
+    """Runs ActorQ with `config`; returns the results dict (also written to `workdir`).
 
+    `agent_factory(observation_spec, action_spec) -> DistributedAgent` builds the agent in each
+    node's process, so it must pickle by value (see `agents.actorq.AgentFactory`).
+    """
     validate(config)
-    factory = AgentFactory(config.agent, config.env, dict(config.overrides))
+    factory = agent_factory
     specs = _env_specs(config)
     agent = factory(*specs)  # builds the agent here first: bad overrides fail before any node starts
     backend = _make_backend(config)  # joining a cluster fails here, before the workdir is touched
