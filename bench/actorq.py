@@ -167,8 +167,7 @@ def prepare(config: ActorConfig) -> Prepared:
     from agents.actorq import AgentFactory
     from qrl import envs
     from qrl.distributed.learner import CALIBRATION_OBSERVATIONS
-    from qrl.quant import FP32
-    from qrl.quant.ops import CALIBRATION
+    from qrl.quant import FP32, calibrate
 
     factory = AgentFactory(config.agent, config.env_id, dict(config.overrides))
     vector_env = envs.make_vector(config.env_id, 1, 0)
@@ -180,11 +179,7 @@ def prepare(config: ActorConfig) -> Prepared:
     for _ in range(CALIBRATION_OBSERVATIONS - 1):
         observations.append(vector_env.step(random_actions(vector_env.action_spec(), 1, rng)).observation)
     vector_env.close()
-    network = agent.policy_network(FP32)
-    ranges_fn = jax.jit(
-        lambda params, observations: network.apply({"params": params}, observations, mutable=[CALIBRATION])[1][CALIBRATION]
-    )
-    ranges = jax.device_get(serialization.to_state_dict(ranges_fn(params, np.concatenate(observations))))
+    ranges = calibrate(agent.policy_network(FP32).apply, params, np.concatenate(observations))
     return Prepared(config, factory, agent, params, ranges)
 
 

@@ -23,8 +23,7 @@ from qrl.checkpointing import Checkpointer
 from qrl.distributed import weights
 from qrl.distributed.agent import DistributedAgent
 from qrl.distributed.counting import process_cpu_seconds
-from qrl.quant import FP32
-from qrl.quant.ops import CALIBRATION
+from qrl.quant import FP32, calibrate
 from qrl.replay import Transition
 
 SAMPLE_TIMEOUT_SECONDS = 1.0  # a blocked sample returns this often so the learner can notice stop()
@@ -95,10 +94,7 @@ class Learner:
             self._state = self._checkpointer.restore(self._state)
             self.resumed_counts = dict((self._checkpointer.restore_extra() or {}).get("counts", {}))
         self._update = jax.jit(self._agent.update, donate_argnums=0)
-        network = self._agent.policy_network(FP32)
-        self._ranges = jax.jit(
-            lambda params, observations: network.apply({"params": params}, observations, mutable=[CALIBRATION])[1][CALIBRATION]
-        )
+        self._fp32_apply = self._agent.policy_network(FP32).apply
         settings = self._agent.replay
         self._batch_size, self._updates_per_step = settings.batch_size, settings.updates_per_step
         self._steps = int(jax.device_get(self._state.updates))  # both agents' states count updates
@@ -176,7 +172,7 @@ class Learner:
         ranges = None
         if self._calibrate_ranges and observations is not None:
             flat = np.asarray(observations).reshape((-1, *np.shape(observations)[2:]))[:CALIBRATION_OBSERVATIONS]
-            ranges = jax.device_get(serialization.to_state_dict(self._ranges(params, flat)))
+            ranges = calibrate(self._fp32_apply, params, flat)
         encode_start = time.perf_counter()
         blob = weights.encode(params, self._comm_precision, ranges, self._compress)
         self._encode_seconds.append(time.perf_counter() - encode_start)

@@ -5,6 +5,7 @@ whose layer dicts hold `kernel` and `bias`. The quantized result is the paramete
 same network, built at the target precision, consumes directly.
 """
 
+import functools
 from typing import Any, Callable, Mapping, Optional
 
 import jax
@@ -25,6 +26,18 @@ def _is_layer(node: Any) -> bool:
     return isinstance(node, Mapping) and "kernel" in node and not isinstance(node["kernel"], Mapping)
 
 
+@functools.lru_cache(maxsize=64)
+def _jitted_ranges(apply_fn: Callable[..., Any]) -> Callable[[Params, jax.Array], Any]:
+    """One jitted `(params, batch) -> calibration tree` per network (params are an argument, so
+    calibrating new params of the same network, e.g. every weight publish, compiles nothing)."""
+
+    def ranges(params, batch):
+        _, state = apply_fn({"params": params}, batch, mutable=[CALIBRATION])
+        return state[CALIBRATION]
+
+    return jax.jit(ranges)
+
+
 def calibrate(
     apply_fn: Callable[..., Any],
     params: Params,
@@ -40,15 +53,10 @@ def calibrate(
     observations = np.asarray(observations)
     if observations.shape[0] == 0:
         raise QrlInputError("calibration needs at least one observation")
-
-    @jax.jit
-    def ranges(batch):
-        _, state = apply_fn({"params": params}, batch, mutable=[CALIBRATION])
-        return state[CALIBRATION]
-
+    ranges = _jitted_ranges(apply_fn)
     result = None
     for start in range(0, observations.shape[0], batch_size):
-        batch_ranges = ranges(observations[start : start + batch_size])
+        batch_ranges = ranges(params, observations[start : start + batch_size])
         result = batch_ranges if result is None else jax.tree.map(jnp.maximum, result, batch_ranges)
     return jax.tree.map(np.asarray, serialization.to_state_dict(result))
 
