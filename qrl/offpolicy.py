@@ -222,6 +222,25 @@ class TransitionRecorder:
                 self.episode_returns[index] = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class HostStart:
+    """Where a host run resumes: a train state, the environment steps already taken, and the
+    transitions to refill the replay with (`Transition` of `[N, ...]` arrays; None for none).
+
+    The environments and the host random stream start afresh: a resumed run continues the
+    learning, not the exact trajectory an uninterrupted run would have taken.
+    """
+
+    state: Any
+    env_steps: int
+    replay: Optional[Transition] = None
+
+
+# Called after every vector step (and the updates it triggered) with
+# `(env_steps, state, observations [N, D], actions [N, A], timestep)`.
+StepObserver = Callable[[int, Any, np.ndarray, np.ndarray, Any], None]
+
+
 def train_host(
     build: BuildFn,
     check_env: Callable[[str, Any], None],
@@ -237,11 +256,14 @@ def train_host(
     log_every: int = 1_000,
     progress: bool = True,
     env_options: Optional[dict] = None,
+    observer: Optional[StepObserver] = None,
+    start: Optional[HostStart] = None,
 ) -> tuple[Any, dict]:
     """Trains on `num_envs` host environments of `env_id` for `steps` environment steps.
 
     Returns the final train state and the results dict of `qrl.run_monitor.TrainingMonitor`
-    (plus `qat_bits`, `quant_delay`). See the module docstring for the schedule.
+    (plus `qat_bits`, `quant_delay`). See the module docstring for the schedule. `observer`
+    sees every step (dataset generation logs them); `start` resumes from a saved state.
     """
     env_options = dict(env_options or {})
     vector_env = envs.make_vector(env_id, num_envs, seed, **env_options)
@@ -253,7 +275,7 @@ def train_host(
     low, high = _bounds(action_spec)
     action_shape = (num_envs,) + tuple(action_spec.shape)
 
-    state = agent.init(jax.random.PRNGKey(seed))
+    state = agent.init(jax.random.PRNGKey(seed)) if start is None else start.state
     precisions = _qat_precisions(config)
     acts = {precision: jax.jit(agent.act(precision)) for precision in precisions}
     policies = {precision: jax.jit(agent.policy(precision)) for precision in precisions}
@@ -264,6 +286,8 @@ def train_host(
         return np.asarray(policies[precision](agent.policy_params(state), observations))
 
     replay = UniformReplay(config.buffer_size, seed=seed)
+    if start is not None and start.replay is not None:
+        replay.add_batch(start.replay)
     recorder = TransitionRecorder(replay, num_envs, config.n_step, config.gamma)
     rng = np.random.default_rng(seed)
     monitor = TrainingMonitor(
@@ -271,8 +295,10 @@ def train_host(
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
     )
 
-    env_steps = 0
+    env_steps = 0 if start is None else int(start.env_steps)
     next_train = max(config.learning_starts, config.train_freq)
+    while next_train <= env_steps:
+        next_train += config.train_freq
     observations = vector_env.reset()
     while env_steps < steps:
         if config.qat_bits and env_steps >= config.quant_delay:
@@ -284,7 +310,7 @@ def train_host(
             actions = np.asarray(acts[precision](agent.policy_params(state), observations, noise))
         timestep = vector_env.step(actions)
         recorder.record(observations, actions, timestep, monitor)
-        observations = timestep.observation
+        observations_before, observations = observations, timestep.observation
         env_steps += num_envs
 
         train_metrics = None
@@ -293,6 +319,8 @@ def train_host(
                 batches = replay.sample(config.batch_size, config.gradient_steps)
                 state, train_metrics = updates[precision](state, batches)
                 next_train += config.train_freq
+        if observer is not None:
+            observer(env_steps, state, observations_before, actions, timestep)
         monitor.step(env_steps, state, train_metrics, config)
 
     vector_env.close()

@@ -103,6 +103,27 @@ class UniformReplay:
         self._next = (self._next + 1) % self.capacity
         self._size = min(self._size + 1, self.capacity)
 
+    def add_batch(self, transitions: Transition) -> None:
+        """Adds `[N, ...]` transitions in order, as N calls of `add` would (the last `capacity`
+        of them stay when N exceeds it)."""
+        fields = {name: np.asarray(getattr(transitions, name)) for name in _FIELDS}
+        count = len(fields["reward"])
+        if count == 0:
+            return
+        if self._storage is None:
+            self._storage = {
+                name: np.zeros((self.capacity,) + value.shape[1:], value.dtype) for name, value in fields.items()
+            }
+        if count > self.capacity:
+            self._next = (self._next + count - self.capacity) % self.capacity
+            fields = {name: value[count - self.capacity:] for name, value in fields.items()}
+            count = self.capacity
+        rows = (self._next + np.arange(count)) % self.capacity
+        for name, value in fields.items():
+            self._storage[name][rows] = value
+        self._next = (self._next + count) % self.capacity
+        self._size = min(self._size + count, self.capacity)
+
     def sample(self, batch_size: int, num_batches: Optional[int] = None) -> Transition:
         """Uniform sample `[B, ...]`, or `[num_batches, B, ...]` when num_batches is given."""
         if self._size == 0:

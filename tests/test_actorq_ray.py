@@ -7,12 +7,12 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import psutil
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RAY_PROCESS_MARKERS = ("raylet", "gcs_server", "ray::")
 SMALL_DQN = [
     "--agent=dqn", "--env=gym:CartPole-v1", "--set=hidden_sizes=32-32", "--set=batch_size=32",
     "--set=learning_starts=64", "--set=train_freq=4", "--set=gradient_steps=1", "--set=buffer_size=5000",
@@ -20,44 +20,60 @@ SMALL_DQN = [
 ]
 
 
-def _ray_processes(since: float) -> list[psutil.Process]:
-    """Ray processes created after `since` (this test's runs; other sessions' Ray is left alone)."""
+RUN_MARKER = "QRL_TEST_RAY_RUN"  # set in the driver's environment; every Ray process it starts inherits it
+
+
+def _run_processes(run_id: str) -> list[psutil.Process]:
+    """Live processes started by this test's driver: the driver's environment (and so every Ray
+    process under it — raylet, GCS, agents, workers) carries `RUN_MARKER=run_id`."""
     found = []
-    for process in psutil.process_iter(["name", "cmdline", "create_time"]):
+    for process in psutil.process_iter(["name", "cmdline"]):
         try:
-            text = " ".join([process.info["name"] or ""] + (process.info["cmdline"] or []))
-            if process.info["create_time"] >= since - 1 and any(marker in text for marker in RAY_PROCESS_MARKERS):
+            if process.environ().get(RUN_MARKER) == run_id and process.status() != psutil.STATUS_ZOMBIE:
                 found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
 
 
-def _actor_processes(since: float) -> list[psutil.Process]:
-    return [p for p in _ray_processes(since) if "ray::Actor" in " ".join([p.info["name"] or ""] + (p.info["cmdline"] or []))]
+def _actor_processes(run_id: str) -> list[psutil.Process]:
+    return [p for p in _run_processes(run_id) if "ray::Actor" in " ".join([p.info["name"] or ""] + (p.info["cmdline"] or []))]
 
 
-def _assert_no_orphans(since: float, grace: float = 15.0) -> None:
+def _assert_no_orphans(run_id: str, grace: float = 15.0) -> None:
     deadline = time.monotonic() + grace
-    left = _ray_processes(since)
+    left = _run_processes(run_id)
     while left and time.monotonic() < deadline:
         time.sleep(0.5)
-        left = [p for p in _ray_processes(since) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        left = _run_processes(run_id)
     assert not left, f"processes left behind: {[(p.pid, p.info['name']) for p in left]}"
 
 
-def _start(workdir, *flags) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": REPO}
+@pytest.fixture
+def run_id():
+    """A marker for this test's processes; whatever still carries it at teardown is killed, so a
+    failing run never leaves Ray processes competing with the rest of the suite for the CPUs."""
+    marker = uuid.uuid4().hex
+    yield marker
+    for process in _run_processes(marker):
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _start(run_id: str, workdir, *flags) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": REPO, RUN_MARKER: run_id}
     return subprocess.Popen(
         [sys.executable, "-m", "launch.actorq", "--launcher=ray", f"--workdir={workdir}", *SMALL_DQN, *flags],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
 
-def _wait_for_actors(since: float, count: int, process: subprocess.Popen, timeout: float = 120.0) -> list[psutil.Process]:
+def _wait_for_actors(run_id: str, count: int, process: subprocess.Popen, timeout: float = 120.0) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        actors = _actor_processes(since)
+        actors = _actor_processes(run_id)
         if len(actors) >= count:
             return actors
         if process.poll() is not None:
@@ -66,15 +82,25 @@ def _wait_for_actors(since: float, count: int, process: subprocess.Popen, timeou
     pytest.fail("actor processes did not start")
 
 
-def test_killed_actor_is_restarted_and_nothing_is_left_behind(tmp_path):
-    since = time.time()
-    workdir = tmp_path / "run"
-    process = _start(workdir, "--num_actors=2", "--max_seconds=20")
+def _communicate(process: subprocess.Popen, timeout: float) -> str:
+    """The driver's output once it exits; its output so far in the failure if it does not."""
     try:
-        actors = _wait_for_actors(since, 2, process)
+        output, _ = process.communicate(timeout=timeout)
+        return output
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        pytest.fail(f"the driver did not exit within {timeout:.0f} s; its output:\n{output[-3000:]}")
+
+
+def test_killed_actor_is_restarted_and_nothing_is_left_behind(tmp_path, run_id):
+    workdir = tmp_path / "run"
+    process = _start(run_id, workdir, "--num_actors=2", "--max_seconds=20")
+    try:
+        actors = _wait_for_actors(run_id, 2, process)
         time.sleep(4.0)  # let the actors act and insert before one dies
         actors[0].send_signal(signal.SIGKILL)
-        output, _ = process.communicate(timeout=180)
+        output = _communicate(process, timeout=180)
     finally:
         if process.poll() is None:
             process.kill()
@@ -83,20 +109,19 @@ def test_killed_actor_is_restarted_and_nothing_is_left_behind(tmp_path):
     assert sum(results["restarts"].values()) >= 1, results["restarts"]
     assert results["stop_reason"] == "max_seconds"
     assert results["counts"]["learner_steps"] > 0 and results["counts"]["actor_steps"] > 0
-    _assert_no_orphans(since)
+    _assert_no_orphans(run_id)
 
 
-def test_ctrl_c_stops_every_node(tmp_path):
-    since = time.time()
-    process = _start(tmp_path / "run", "--num_actors=1", "--max_seconds=300")
+def test_ctrl_c_stops_every_node(tmp_path, run_id):
+    process = _start(run_id, tmp_path / "run", "--num_actors=1", "--max_seconds=300")
     try:
-        _wait_for_actors(since, 1, process)
+        _wait_for_actors(run_id, 1, process)
         time.sleep(3.0)
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=60)
+        output = _communicate(process, timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
     assert process.returncode == 130, output
     assert "interrupted" in output
-    _assert_no_orphans(since)
+    _assert_no_orphans(run_id)

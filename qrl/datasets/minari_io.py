@@ -172,14 +172,28 @@ def read_minari(dataset_id: str, root=None) -> dict[str, Any]:
     arrays: observations, actions, rewards (float32), terminals (from terminations), timeouts
     (from truncations), next_observations, and a `metadata` dict (env_id, reference scores,
     Minari's author fields, and what `write_minari` kept). Never downloads."""
-    from minari.dataset.minari_dataset import MinariDataset
-
     root = resolve_root(root)
     data_path = os.path.join(root, dataset_id, "data")
     if not os.path.isfile(os.path.join(data_path, "metadata.json")):
         local = local_dataset_ids(root) if os.path.isdir(root) else []
         raise QrlInputError(f"no Minari dataset {dataset_id!r} under {root}; local datasets: "
                             f"{', '.join(local) or 'none'}")
+    return read_minari_directory(os.path.join(root, dataset_id), dataset_id)
+
+
+def is_minari_directory(path) -> bool:
+    """Whether `path` is one Minari dataset's directory (it holds `data/metadata.json`)."""
+    return os.path.isfile(os.path.join(os.fspath(path), "data", "metadata.json"))
+
+
+def read_minari_directory(directory, dataset_id: Optional[str] = None) -> dict[str, Any]:
+    """`read_minari` for a dataset's own directory (`<root>/<id>`), wherever it lies."""
+    from minari.dataset.minari_dataset import MinariDataset
+
+    directory = os.fspath(directory)
+    data_path = os.path.join(directory, "data")
+    if not is_minari_directory(directory):
+        raise QrlInputError(f"{directory}: not a Minari dataset directory (no data/metadata.json)")
     with open(os.path.join(data_path, "metadata.json")) as handle:
         raw = json.load(handle)
     with warnings.catch_warnings():
@@ -195,8 +209,9 @@ def read_minari(dataset_id: str, root=None) -> dict[str, Any]:
         parts["rewards"].append(np.asarray(episode.rewards))
         parts["terminals"].append(np.asarray(episode.terminations))
         parts["timeouts"].append(np.asarray(episode.truncations))
+    dataset_id = dataset_id or raw.get("dataset_id") or directory
     if not parts["rewards"]:
-        raise QrlInputError(f"Minari dataset {dataset_id!r} under {root} holds no episodes")
+        raise QrlInputError(f"Minari dataset {dataset_id!r} in {directory} holds no episodes")
     arrays: dict[str, Any] = {key: np.concatenate(values) for key, values in parts.items()}
     for key in ("observations", "next_observations", "actions", "rewards"):
         arrays[key] = arrays[key].astype(np.float32)

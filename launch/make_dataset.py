@@ -1,0 +1,114 @@
+"""Generate a D4RL-style offline dataset: train SAC once per env (resumable, checkpointed), then
+sample a level from it and write D4RL HDF5 or a Minari dataset.
+
+    python -m launch.make_dataset --env=gym:Hopper-v5 --level=medium --size=1000000 \\
+        --out=data/hopper-medium-qrl.hdf5
+    python -m launch.make_dataset --env=gym:Hopper-v5 --level=expert --size=1000000 \\
+        --format=minari --out=data/minari          # -> data/minari/qrl/hopper/expert-v0
+
+Every level of one env and seed shares the SAC run in `--workdir` (default
+`runs/make_dataset/<env>-seed<seed>`): the first call trains it, later calls only sample, and an
+interrupted call resumes. See `qrl.datasets.generate` for the recipe and the files.
+"""
+
+import os
+import re
+import shutil
+import time
+
+from absl import flags
+
+from launch import common
+from qrl import runtime
+from qrl.datasets import d4rl, generate, minari_io
+from qrl.datasets.writers import write_d4rl_hdf5
+from qrl.errors import QrlInputError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("env", None, "Continuous-action env id, e.g. gym:HalfCheetah-v5, gym:Hopper-v5, gym:Walker2d-v5.")
+flags.DEFINE_enum("level", None, list(generate.LEVELS), "Dataset level (D4RL's names).")
+flags.DEFINE_integer("size", 1_000_000, "Transitions to collect (medium-replay: the most recent N training "
+                     "steps up to the medium checkpoint; 0 = all of them).")
+flags.DEFINE_string("out", None, "d4rl: the HDF5 file to write; minari: the datasets root.")
+flags.DEFINE_enum("format", "d4rl", ["d4rl", "minari"], "Output format.")
+flags.DEFINE_string("dataset_id", None, "Minari dataset id (default qrl/<env>/<level>-v0).")
+flags.DEFINE_string("workdir", None, "Where the shared SAC run lives (default runs/make_dataset/<env>-seed<seed>).")
+flags.DEFINE_integer("seed", 0, "Seed of the SAC run (collection seeds derive from it).")
+flags.DEFINE_integer("sac_steps", 1_000_000, "SAC training steps (D4RL's expert: 1M).")
+flags.DEFINE_integer("checkpoint_every", 10_000, "SAC checkpoint spacing in steps (candidates for medium).")
+flags.DEFINE_integer("eval_episodes", 5, "Sampled episodes evaluating each checkpoint.")
+flags.DEFINE_integer("reference_episodes", generate.REFERENCE_EPISODES,
+                     "Episodes of the random and expert reference returns (D4RL: 100).")
+flags.DEFINE_integer("num_envs", 10, "Environments stepped together while collecting.")
+flags.DEFINE_float("medium_fraction", generate.MEDIUM_FRACTION,
+                   "Medium = the checkpoint closest to random + fraction * (expert - random).")
+flags.DEFINE_multi_string("set", [], "SAC config override key=value (repeatable), e.g. --set=matmul_dtype=bf16.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing --out.")
+flags.DEFINE_bool("progress", True, "Show progress (periodic one-line summaries when not on a terminal).")
+
+
+def env_slug(env_id: str) -> str:
+    """`gym:HalfCheetah-v5` -> `halfcheetah`: the name part, lower case, version dropped."""
+    name = env_id.split(":", 1)[-1]
+    return re.sub(r"[^a-z0-9]+", "", re.sub(r"-v\d+$", "", name.lower())) or "env"
+
+
+def _destination(level: str) -> tuple[str, str]:
+    """(path to check for existence, minari dataset id or '')."""
+    out = os.path.abspath(FLAGS.out)
+    if FLAGS.format == "d4rl":
+        if os.path.isdir(out):
+            raise QrlInputError(f"--out={FLAGS.out} is a directory; the d4rl format writes one HDF5 file")
+        return out, ""
+    dataset_id = FLAGS.dataset_id or f"qrl/{env_slug(FLAGS.env)}/{level}-v0"
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*-v\d+", dataset_id):
+        raise QrlInputError(f"--dataset_id={dataset_id!r} is not a Minari id like namespace/name-v0")
+    return os.path.join(out, dataset_id), dataset_id
+
+
+def _say(message: str) -> None:
+    if FLAGS.progress:
+        print(message, flush=True)
+
+
+def run() -> None:
+    from agents import sac
+
+    if not FLAGS.env or not FLAGS.level or not FLAGS.out:
+        raise QrlInputError("--env, --level and --out are required")
+    if FLAGS.size < 0 or (FLAGS.size == 0 and FLAGS.level != "medium-replay"):
+        raise QrlInputError(f"--size must be >= 1 (0 only for medium-replay), got {FLAGS.size}")
+    destination, dataset_id = _destination(FLAGS.level)
+    if os.path.exists(destination) and not FLAGS.overwrite:
+        raise QrlInputError(f"{destination} exists; pass --overwrite to replace it")
+    runtime.configure_jax(1)  # SAC on vector observations: one XLA thread (qrl.runtime)
+    config = sac.config_for(FLAGS.env, common.parse_overrides(FLAGS.set))
+    workdir = FLAGS.workdir or os.path.join("runs", "make_dataset", f"{env_slug(FLAGS.env)}-seed{FLAGS.seed}")
+    behavior = generate.BehaviorRun(
+        sac.AGENT, config, FLAGS.env, FLAGS.sac_steps, FLAGS.seed, workdir, checkpoint_every=FLAGS.checkpoint_every,
+        eval_episodes=FLAGS.eval_episodes, reference_episodes=FLAGS.reference_episodes,
+        medium_fraction=FLAGS.medium_fraction,
+    )
+    started = time.perf_counter()
+    if not behavior.trained:
+        done = behavior.record["checkpoints"][-1]["step"] if behavior.record["checkpoints"] else 0
+        _say(f"training SAC on {FLAGS.env} for {FLAGS.sac_steps} steps in {workdir}"
+             + (f" (resuming at step {done})" if done else ""))
+    record = behavior.train(progress=FLAGS.progress)
+    references = record["references"]
+    arrays = behavior.level_arrays(FLAGS.level, FLAGS.size or None, num_envs=FLAGS.num_envs, progress=_say)
+    stored = arrays.pop("metadata")
+    metadata = {key: d4rl.metadata_value(stored, key) for key in stored}
+    if FLAGS.format == "d4rl":
+        write_d4rl_hdf5(destination, arrays, metadata)
+    else:
+        if os.path.exists(destination):
+            shutil.rmtree(destination)
+        minari_io.write_minari(arrays, os.path.abspath(FLAGS.out), dataset_id, FLAGS.env, metadata)
+    print(f"{FLAGS.level} {FLAGS.env}: {len(arrays['rewards'])} transitions, policy return "
+          f"{metadata['policy_return']:.1f} (random {references['random']['return_mean']:.1f}, expert "
+          f"{references['expert']['return_mean']:.1f}) -> {destination} [{time.perf_counter() - started:.0f} s]")
+
+
+if __name__ == "__main__":
+    common.run_entry_point(run)
