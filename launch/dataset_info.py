@@ -40,7 +40,10 @@ def describe(path: str, max_episode_steps: int = d4rl.DEFAULT_MAX_EPISODE_STEPS)
         f"episodes     {len(returns)}; length mean {lengths.mean():.1f}, min {lengths.min()}, max {lengths.max()}",
         f"return       mean {returns.mean():.2f} ± {returns.std():.2f}, min {returns.min():.2f}, max {returns.max():.2f}",
     ]
-    if reference is not None:
+    if reference is not None and not reference[1] > reference[0]:
+        lines.append(f"normalized   not defined: the expert reference ({reference[1]:g}) does not exceed the random "
+                     f"one ({reference[0]:g}) ({source})")
+    elif reference is not None:
         scores = normalized_score(returns, reference)
         lines.append(f"normalized   mean {scores.mean():.1f} ± {scores.std():.1f} "
                      f"(random {reference[0]:g}, expert {reference[1]:g}: {source})")

@@ -14,6 +14,7 @@ interrupted call resumes. See `qrl.datasets.generate` for the recipe and the fil
 import os
 import re
 import shutil
+import sys
 import time
 
 from absl import flags
@@ -105,6 +106,10 @@ def run() -> None:
         if os.path.exists(destination):
             shutil.rmtree(destination)
         minari_io.write_minari(arrays, os.path.abspath(FLAGS.out), dataset_id, FLAGS.env, metadata)
+    if not references["expert"]["return_mean"] > references["random"]["return_mean"]:
+        print(f"warning: the expert's return ({references['expert']['return_mean']:.1f}) does not exceed the random "
+              f"policy's ({references['random']['return_mean']:.1f}); normalized scores are undefined: train longer "
+              "(--sac_steps)", file=sys.stderr)
     print(f"{FLAGS.level} {FLAGS.env}: {len(arrays['rewards'])} transitions, policy return "
           f"{metadata['policy_return']:.1f} (random {references['random']['return_mean']:.1f}, expert "
           f"{references['expert']['return_mean']:.1f}) -> {destination} [{time.perf_counter() - started:.0f} s]")

@@ -257,3 +257,10 @@ def test_make_dataset_cli_writes_both_formats_from_one_training(tmp_path):
         assert result.returncode == 2, (flags, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "x.hdf5").exists() and not (tmp_path / "other.hdf5").exists()
+
+
+def test_device_batched_ids_are_refused_before_anything_is_written(tmp_path):
+    config = sac.config_for("brax:hopper", {})
+    with pytest.raises(QrlInputError, match="host environments"):
+        generate.BehaviorRun(sac.AGENT, config, "brax:hopper", 100, seed=0, workdir=str(tmp_path / "w"))
+    assert not (tmp_path / "w").exists()
