@@ -4,7 +4,8 @@ init / act / update functions.
 An agent hands the loops an `OffPolicyAgent`: pure functions built for one config and one pair
 of environment specs. Two paths run them:
 
-- `train_host` (gymnasium, dm_control): N host environments, a numpy replay
+- `train_host` (gymnasium, dm_control; device ids stepped from the host through
+  `qrl.envs.DeviceBatchVector`, as dataset generation does): N host environments, a numpy replay
   (`qrl.replay.UniformReplay`, `NStepAccumulator`), one small jitted action call per
   environment step (the exploration noise is drawn on the host and passed in, so the call
   holds no key), and `gradient_steps` updates fused into one jitted `lax.scan` every
@@ -266,7 +267,7 @@ def train_host(
     sees every step (dataset generation logs them); `start` resumes from a saved state.
     """
     env_options = dict(env_options or {})
-    vector_env = envs.make_vector(env_id, num_envs, seed, **env_options)
+    vector_env = envs.make_host_vector(env_id, num_envs, seed, **env_options)
     observation_spec, action_spec = vector_env.observation_spec(), vector_env.action_spec()
     check_env(env_id, action_spec)
     if config.qat_bits:

@@ -259,8 +259,21 @@ def test_make_dataset_cli_writes_both_formats_from_one_training(tmp_path):
     assert not (tmp_path / "x.hdf5").exists() and not (tmp_path / "other.hdf5").exists()
 
 
-def test_device_batched_ids_are_refused_before_anything_is_written(tmp_path):
-    config = sac.config_for("brax:hopper", {})
-    with pytest.raises(QrlInputError, match="host environments"):
-        generate.BehaviorRun(sac.AGENT, config, "brax:hopper", 100, seed=0, workdir=str(tmp_path / "w"))
-    assert not (tmp_path / "w").exists()
+def test_brax_ids_generate_through_the_host_loop(tmp_path):
+    """A device-batched env (one brax env stepped from the host) trains, logs and collects alike."""
+    env_id = "brax:inverted_pendulum"
+    config = sac.config_for(env_id, {**SAC_SETTINGS, "learning_starts": 50})
+    run = generate.BehaviorRun(sac.AGENT, config, env_id, 120, seed=0, workdir=str(tmp_path), checkpoint_every=60,
+                               eval_episodes=1, reference_episodes=1, env_options={"episode_length": 40})
+    record = run.train(progress=False)
+    assert [c["step"] for c in record["checkpoints"]] == [60, 120]
+    logged = run.logged_steps(120)
+    assert len(logged["rewards"]) == 120 and (logged["terminals"] | logged["timeouts"]).any()
+    assert_contiguous_episodes(logged, complete=False)
+    arrays = run.level_arrays("expert", 90, num_envs=1)  # batch 1 again: no new brax compile
+    assert len(arrays["rewards"]) == 90 and arrays["observations"].shape[1] == 4
+    assert_contiguous_episodes(arrays)
+    lengths = np.diff(np.concatenate([[-1], np.flatnonzero(arrays["terminals"] | arrays["timeouts"])]))
+    assert lengths.max() <= 40  # the env's own episode limit
+    assert d4rl.metadata_value(arrays["metadata"], "env_id") == env_id
+    assert "brax" in d4rl.metadata_value(arrays["metadata"], "env_versions")

@@ -1,16 +1,16 @@
 """Generating D4RL-style datasets: roll out a (stochastic) policy and record step arrays.
 
 `collect_steps` runs a policy `act_fn(params, observations [N, D], noise [N, A]) -> actions`
-(SAC's `acting.make_act`: a tanh-Gaussian sample for standard-normal `noise`) on host envs and
-returns D4RL's step-array format (see `qrl.datasets.d4rl`): `observations [N, D]`,
+(SAC's `acting.make_act`: a tanh-Gaussian sample for standard-normal `noise`) on host envs (or a
+device batch, `brax:` ids, stepped from the host through `qrl.envs.DeviceBatchVector`) and returns D4RL's step-array format (see `qrl.datasets.d4rl`): `observations [N, D]`,
 `actions [N, A]`, `rewards [N]` (float32), `terminals [N]`, `timeouts [N]` (bool) and
 `next_observations [N, D]`, episode by episode. As D4RL did, actions are sampled from the
 stochastic policy, episodes last at most `max_episode_steps` (1000) steps and `timeouts` mark
-truncations. `average_return` measures reference returns (random / expert) over N episodes, and
-`random_policy_params` gives the randomly initialized SAC actor that D4RL's `random` datasets use.
+truncations. `average_return` measures reference returns (random / expert) over N episodes.
 
 Noise: one `numpy.random.default_rng(seed)` draws `standard_normal((num_envs, A), float32)` per
-step of all envs together; env i is seeded `seed + i` (`qrl.envs.make_vector`).
+step of all envs together; host env i is seeded `seed + i` (`qrl.envs.make_vector`), a device
+batch `seed`, with its `episode_length` option set to `max_episode_steps`.
 """
 
 from typing import Any, Callable, Mapping, Optional
@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, Optional
 import jax
 import numpy as np
 
-from qrl.envs import is_discrete
-from qrl.envs.vector import make_vector
+from qrl.envs import is_device_id, is_discrete
+from qrl.envs.vector import make_host_vector
 from qrl.errors import QrlInputError
 from qrl.evaluation import EvalResult, evaluate
 
@@ -33,12 +33,25 @@ def _check_positive(name: str, value) -> int:
     return int(value)
 
 
-def _continuous_vector(env_id: str, num_envs: int, seed: int, env_options: Optional[Mapping[str, Any]]):
-    vector = make_vector(env_id, num_envs, seed, **dict(env_options or {}))
+def _continuous_vector(env_id: str, num_envs: int, seed: int, max_episode_steps: int,
+                       env_options: Optional[Mapping[str, Any]]):
+    """Host envs (`VectorEnv`), or one device batch (`DeviceBatchVector`) whose own episode
+    limit is `max_episode_steps` (a device batch cannot reset one env early)."""
+    options = dict(env_options or {})
+    if is_device_id(env_id):
+        limit = options.setdefault("episode_length", max_episode_steps)
+        if limit > max_episode_steps:
+            raise QrlInputError(f"{env_id}: episode_length {limit} exceeds max_episode_steps {max_episode_steps}")
+    vector = make_host_vector(env_id, num_envs, seed, **options)
     if is_discrete(vector.action_spec()):
         vector.close()
         raise QrlInputError(f"{env_id} has discrete actions; dataset collection needs a continuous action space")
     return vector
+
+
+def _reset_one(vector, index: int) -> np.ndarray:
+    """Restarts host env `index` (an episode cut at `max_episode_steps`)."""
+    return np.asarray(vector.envs[index].reset().observation, np.float32)
 
 
 class _Episode:
@@ -90,7 +103,7 @@ def collect_steps(
     num_steps = _check_positive("num_steps", num_steps)
     num_envs = _check_positive("num_envs", num_envs)
     max_episode_steps = _check_positive("max_episode_steps", max_episode_steps)
-    vector = _continuous_vector(env_id, num_envs, seed, env_options)
+    vector = _continuous_vector(env_id, num_envs, seed, max_episode_steps, env_options)
     act = jax.jit(act_fn)
     rng = np.random.default_rng(seed)
     action_shape = (num_envs,) + tuple(vector.action_spec().shape)
@@ -103,22 +116,24 @@ def collect_steps(
         while finished_rows + sum(len(episode) for episode in current) < num_steps:
             noise = rng.standard_normal(action_shape, dtype=np.float32)
             actions = np.asarray(act(params, observations, noise), np.float32)
+            timestep = vector.step(actions)  # ended episodes restart in the same call
             env_steps += num_envs
-            for index, env in enumerate(vector.envs):
-                timestep = env.step(actions[index])
+            next_observations = np.asarray(timestep.observation, np.float32)
+            for index in range(num_envs):
                 episode = current[index]
-                terminal = bool(timestep.last() and timestep.discount == 0.0)
-                timeout = not terminal and (bool(timestep.last()) or len(episode) + 1 >= max_episode_steps)
-                next_observation = np.array(timestep.observation, np.float32)  # a copy
-                episode.add(observations[index].copy(), actions[index], float(timestep.reward), terminal, timeout,
-                            next_observation)
+                last = bool(timestep.step_type[index] == 2)
+                terminal = last and float(timestep.discount[index]) == 0.0
+                cut = not last and len(episode) + 1 >= max_episode_steps
+                timeout = not terminal and (last or cut)
+                episode.add(observations[index].copy(), actions[index], float(timestep.reward[index]), terminal,
+                            timeout, np.array(timestep.final_observation[index], np.float32))
                 if terminal or timeout:
                     finished.append(episode.arrays())
                     finished_rows += len(episode)
                     current[index] = _Episode()
-                    observations[index] = env.reset().observation
-                else:
-                    observations[index] = next_observation
+                if cut:
+                    next_observations[index] = _reset_one(vector, index)
+            observations = next_observations
     finally:
         vector.close()
     returns = [float(np.sum(episode["rewards"], dtype=np.float64)) for episode in finished]
@@ -169,7 +184,7 @@ def average_return(
         policy = jax.jit(act_fn)
         return evaluate(lambda observations: policy(params, observations), env_id, episodes, seed,
                         max_steps=max_episode_steps, env_options=env_options)
-    vector = _continuous_vector(env_id, episodes, seed, env_options)
+    vector = _continuous_vector(env_id, episodes, seed, max_episode_steps, env_options)
     act = jax.jit(act_fn)
     rng = np.random.default_rng(seed)
     action_shape = (episodes,) + tuple(vector.action_spec().shape)
@@ -181,13 +196,11 @@ def average_return(
         while active.any():
             noise = rng.standard_normal(action_shape, dtype=np.float32)
             actions = np.asarray(act(params, observations, noise), np.float32)
-            for index in np.flatnonzero(active):
-                timestep = vector.envs[index].step(actions[index])
-                returns[index] += timestep.reward
-                lengths[index] += 1
-                observations[index] = timestep.observation
-                if timestep.last() or lengths[index] >= max_episode_steps:
-                    active[index] = False
+            timestep = vector.step(actions)
+            returns += np.where(active, timestep.reward, 0.0)
+            lengths += active
+            active &= (timestep.step_type != 2) & (lengths < max_episode_steps)
+            observations = np.asarray(timestep.observation, np.float32)
     finally:
         vector.close()
     return EvalResult(env_id=env_id, seed=int(seed), mean=float(np.mean(returns)), std=float(np.std(returns)),

@@ -150,9 +150,6 @@ class BehaviorRun:
         self.medium_fraction = float(medium_fraction)
         self.env_options = dict(env_options or {})
         self.workdir = os.path.abspath(workdir)
-        if envs.is_device_id(env_id):
-            raise QrlInputError(f"{env_id}: dataset generation steps host environments (gym, dmc); "
-                                "device-batched ids (brax, gymnax) are not supported yet")
         env = envs.make(env_id, seed=self.seed, **self.env_options)
         self.observation_spec, self.action_spec = env.observation_spec(), env.action_spec()
         env.close()

@@ -12,7 +12,7 @@ from qrl.envs.action_specs import is_discrete, num_actions
 from qrl.envs.functional import FunctionalEnv, episode_returns, is_device_id, make_functional
 from qrl.envs.ids import DEVICE_FAMILIES, HOST_FAMILIES, KNOWN_FAMILIES
 from qrl.envs.registry import make
-from qrl.envs.vector import BatchedTimeStep, VectorEnv, make_vector
+from qrl.envs.vector import BatchedTimeStep, DeviceBatchVector, VectorEnv, make_host_vector, make_vector
 
 
 def make_brax(name: str, batch_size: int, episode_length: int = 1000, backend: str = "spring", action_repeat: int = 1):
@@ -26,6 +26,7 @@ __all__ = [
     "BatchedTimeStep",
     "DEVICE_FAMILIES",
     "FunctionalEnv",
+    "DeviceBatchVector",
     "HOST_FAMILIES",
     "KNOWN_FAMILIES",
     "VectorEnv",
@@ -35,6 +36,7 @@ __all__ = [
     "make",
     "make_brax",
     "make_functional",
+    "make_host_vector",
     "make_vector",
     "num_actions",
 ]

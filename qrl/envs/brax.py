@@ -9,6 +9,7 @@ Brax's auto-reset restores each env's *first* state of the batch reset (it does 
 new initial state per episode), as in brax's own training.
 """
 
+import functools
 from typing import Optional
 
 import dm_env
@@ -112,13 +113,12 @@ class BraxEnvironment(AdapterEnvironment):
     split a key seeded with `seed`, so a fresh env with the same seed replays the same states.
     """
 
-    def __init__(self, env: brax_envs.Env, seed: int, batch_size: int):
+    def __init__(self, env: brax_envs.Env, seed: int, batch_size: int, jitted: Optional[tuple] = None):
         self._env = env
         self._batch_size = batch_size
         self._key = jax.random.PRNGKey(seed)
         self._state: Optional[brax_envs.State] = None
-        self._reset_fn = jax.jit(self._reset_batch)
-        self._step_fn = jax.jit(self._step_batch)
+        self._reset_fn, self._step_fn = jitted or (jax.jit(self._reset_batch), jax.jit(self._step_batch))
         action_size = int(env.action_size)
         minimum, maximum = _action_bounds(env, action_size)
         self._action_spec = specs.BoundedArray((action_size,), np.float32, minimum, maximum, name="action")
@@ -183,9 +183,19 @@ class BraxEnvironment(AdapterEnvironment):
 
 
 
+@functools.lru_cache(maxsize=16)
+def _shared_batch(name: str, batch_size: int, options: tuple) -> BraxEnvironment:
+    """One env per (name, batch size, options) and process, whose jitted reset/step later
+    environments reuse: each new compile of a brax step costs 10-20 s on this CPU."""
+    return BraxEnvironment(make_brax(name, batch_size, **dict(options)), 0, batch_size)
+
+
 def make(name: str, seed: int, **options) -> BraxEnvironment:
-    """`brax:<name>` with options `batch_size` (default 1), `episode_length`, `backend`, `action_repeat`."""
+    """`brax:<name>` with options `batch_size` (default 1), `episode_length`, `backend`, `action_repeat`.
+
+    Environments with the same name, batch size and options share their compiled functions.
+    """
     check_options(f"brax:{name}", options, OPTIONS)
-    batch_size = options.pop("batch_size", 1)
-    env = make_brax(name, batch_size, **options)
-    return BraxEnvironment(env, seed, int(batch_size))
+    batch_size = _check_positive_int("batch_size", options.pop("batch_size", 1))
+    shared = _shared_batch(name, batch_size, tuple(sorted(options.items())))
+    return BraxEnvironment(shared.brax_env, seed, batch_size, jitted=(shared._reset_fn, shared._step_fn))

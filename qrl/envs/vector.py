@@ -133,6 +133,53 @@ class VectorEnv:
             env.close()
 
 
+class DeviceBatchVector:
+    """`VectorEnv`'s interface over a device-batched env (`brax:` / `gymnax:` ids, N envs behind
+    one jitted step): numpy observations and `BatchedTimeStep`s, auto-reset inside the env.
+
+    Lets host loops (dataset generation, `qrl.offpolicy.train_host`) run device ids. Each step
+    is one jitted call plus a device-to-host copy, so it pays where the physics dominates, not
+    where the on-device loops would run thousands of steps per call.
+    """
+
+    def __init__(self, env: dm_env.Environment):
+        self._env = env
+        self._num_envs = int(env.batch_size)
+
+    @property
+    def num_envs(self) -> int:
+        return self._num_envs
+
+    def observation_spec(self) -> specs.Array:
+        return self._env.observation_spec()
+
+    def action_spec(self) -> specs.Array:
+        return self._env.action_spec()
+
+    def reset(self) -> np.ndarray:
+        return np.asarray(self._env.reset().observation)
+
+    def step(self, actions) -> BatchedTimeStep:
+        timestep = self._env.step(np.asarray(actions, np.float32))
+        return BatchedTimeStep(*(np.asarray(field) for field in timestep))
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def make_host_vector(env_id: str, num_envs: int, seed: int = 0, **options):
+    """`make_vector` for host ids; for device ids (brax, gymnax) one batched env of `num_envs`
+    behind the same interface (`DeviceBatchVector`)."""
+    family, _ = split_env_id(env_id)
+    if family in HOST_FAMILIES:
+        return make_vector(env_id, num_envs, seed, **options)
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise QrlInputError(f"num_envs must be a positive integer, got {num_envs!r}")
+    if "batch_size" in options:
+        raise QrlInputError(f"{env_id}: give num_envs, not the batch_size option")
+    return DeviceBatchVector(make(env_id, seed, batch_size=int(num_envs), **options))
+
+
 def make_vector(env_id: str, num_envs: int, seed: int = 0, **options) -> VectorEnv:
     """`num_envs` host environments of `env_id` (gym, atari, dmc) seeded `seed + i`.
 
