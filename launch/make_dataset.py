@@ -68,8 +68,7 @@ def _destination(level: str) -> tuple[str, str]:
 
 
 def _say(message: str) -> None:
-    if FLAGS.progress:
-        print(message, flush=True)
+    print(message, flush=True)
 
 
 def run() -> None:
@@ -91,13 +90,14 @@ def run() -> None:
         medium_fraction=FLAGS.medium_fraction,
     )
     started = time.perf_counter()
-    if not behavior.trained:
+    if not behavior.trained and FLAGS.progress:
         done = behavior.record["checkpoints"][-1]["step"] if behavior.record["checkpoints"] else 0
         _say(f"training SAC on {FLAGS.env} for {FLAGS.sac_steps} steps in {workdir}"
              + (f" (resuming at step {done})" if done else ""))
     record = behavior.train(progress=FLAGS.progress)
     references = record["references"]
-    arrays = behavior.level_arrays(FLAGS.level, FLAGS.size or None, num_envs=FLAGS.num_envs, progress=_say)
+    arrays = behavior.level_arrays(FLAGS.level, FLAGS.size or None, num_envs=FLAGS.num_envs,
+                                   progress=_say if FLAGS.progress else None)
     stored = arrays.pop("metadata")
     metadata = {key: d4rl.metadata_value(stored, key) for key in stored}
     if FLAGS.format == "d4rl":

@@ -22,6 +22,7 @@ from qrl.envs import is_device_id, is_discrete
 from qrl.envs.vector import make_host_vector
 from qrl.errors import QrlInputError
 from qrl.evaluation import EvalResult, evaluate
+from qrl.logging import ProgressBar
 
 ActFn = Callable[[Any, Any, Any], Any]  # (params, observations [N, D], noise [N, A]) -> actions [N, A]
 STEP_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
@@ -87,6 +88,7 @@ def collect_steps(
     num_envs: int = 1,
     max_episode_steps: int = 1000,
     env_options: Optional[Mapping[str, Any]] = None,
+    progress: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Exactly `num_steps` steps of `act_fn` on `env_id` (a host id: gym, dmc) as D4RL arrays.
 
@@ -98,7 +100,7 @@ def collect_steps(
     that no loader bootstraps across the end of the data. `next_observations[i]` is the
     observation step i reached. `stats`: `episode_returns` / `episode_lengths` (float64 /
     int64, completed episodes in the arrays' order), `episodes` (completed), `env_steps`
-    (steps taken, >= num_steps with several envs).
+    (steps taken, >= num_steps with several envs). `progress` shows a bar (summaries off a terminal).
     """
     num_steps = _check_positive("num_steps", num_steps)
     num_envs = _check_positive("num_envs", num_envs)
@@ -111,9 +113,12 @@ def collect_steps(
     finished_rows = 0
     current = [_Episode() for _ in range(num_envs)]
     env_steps = 0
+    bar = ProgressBar(num_steps, desc=f"collect {env_id}", disable=None if progress else True)
     try:
         observations = np.asarray(vector.reset(), np.float32)
         while finished_rows + sum(len(episode) for episode in current) < num_steps:
+            if env_steps % 1000 < num_envs:
+                bar.update(min(num_steps, finished_rows + sum(len(episode) for episode in current)))
             noise = rng.standard_normal(action_shape, dtype=np.float32)
             actions = np.asarray(act(params, observations, noise), np.float32)
             timestep = vector.step(actions)  # ended episodes restart in the same call
@@ -135,6 +140,7 @@ def collect_steps(
                     next_observations[index] = _reset_one(vector, index)
             observations = next_observations
     finally:
+        bar.close()
         vector.close()
     returns = [float(np.sum(episode["rewards"], dtype=np.float64)) for episode in finished]
     lengths = [len(episode["rewards"]) for episode in finished]

@@ -159,6 +159,7 @@ class BehaviorRun:
         self.settings = {
             "env_id": env_id, "env_options": self.env_options, "algorithm": agent.name, "steps": self.steps,
             "seed": self.seed, "checkpoint_every": self.checkpoint_every, "eval_episodes": self.eval_episodes,
+            "reference_episodes": self.reference_episodes, "medium_fraction": self.medium_fraction,
             "config": config.to_dict(),
         }
         self.record = self._read_record()
@@ -297,7 +298,8 @@ class BehaviorRun:
     def level_arrays(self, level: str, size: Optional[int], num_envs: int = 10,
                      progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
         """The step arrays of `level` with `size` transitions (`medium-replay`: None = all the
-        steps up to the medium checkpoint), plus a `metadata` dict; cached in `levels/`."""
+        steps up to the medium checkpoint), plus a `metadata` dict; cached in `levels/`.
+        `progress(message)` hears what is being collected, and turns on a collection bar."""
         if level not in LEVELS:
             raise QrlInputError(f"unknown level {level!r}; levels: {', '.join(LEVELS)}")
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
@@ -329,7 +331,9 @@ class BehaviorRun:
                 arrays = {key: values[-size:] for key, values in arrays.items()}
             if not (arrays["terminals"][-1] or arrays["timeouts"][-1]):
                 arrays["timeouts"][-1] = True
-            details = {"policy_step": medium["step"], "policy_return": medium["return_mean"], "collection_seed": -1}
+            returns, _ = d4rl.episode_returns(arrays, MAX_EPISODE_STEPS)
+            details = {"policy_step": medium["step"], "checkpoint_return": medium["return_mean"], "collection_seed": -1,
+                       "policy_return": float(returns.mean()) if len(returns) else float("nan")}
         else:
             step = {"random": 0, "medium": lambda: self.medium_checkpoint()["step"],
                     "expert": self.record["checkpoints"][-1]["step"]}[level]
@@ -337,7 +341,7 @@ class BehaviorRun:
             seed = self.seed + COLLECTION_SEED + 100_000 * LEVELS.index(level)
             arrays, stats = collect_steps(self.env_id, self.act, self.policy_params(step), size, seed,
                                           num_envs=num_envs, max_episode_steps=MAX_EPISODE_STEPS,
-                                          env_options=self.env_options)
+                                          env_options=self.env_options, progress=progress is not None)
             returns = stats["episode_returns"]
             details = {"policy_step": step, "collection_seed": seed,
                        "policy_return": float(returns.mean()) if len(returns) else float("nan")}
