@@ -13,10 +13,18 @@ from types import ModuleType
 from qrl.errors import QrlInputError
 
 AGENT_NAMES = ("dqn", "ppo", "a2c", "ddpg", "td3", "sac", "d4pg")
+OFFLINE_AGENT_NAMES = ("bc",)  # trained on datasets by qrl.offline; their own surface (Config, build, train).
 
 
 def get_agent(name: str) -> ModuleType:
     """The package `agents.<name>`; an unknown name is an input error listing the known ones."""
     if name not in AGENT_NAMES:
         raise QrlInputError(f"unknown agent {name!r}; known agents: {', '.join(AGENT_NAMES)}")
+    return importlib.import_module(f"agents.{name}")
+
+
+def get_offline_agent(name: str) -> ModuleType:
+    """The package `agents.<name>` of an offline agent (trained on a dataset by `qrl.offline`)."""
+    if name not in OFFLINE_AGENT_NAMES:
+        raise QrlInputError(f"unknown offline agent {name!r}; known offline agents: {', '.join(OFFLINE_AGENT_NAMES)}")
     return importlib.import_module(f"agents.{name}")
