@@ -4,6 +4,9 @@
   (uniform or ERK) masks.
 - `masks`: exact-count masks from scores (network, layer or global scope, layer-collapse guard),
   applying, checking and measuring masks.
+- `single_shot`: `prune_networks` prunes an agent's networks at once, each scored with its own
+  loss (`PruneSettings`: sparsity, scope, temperature, prunable leaves, guard).
+- `sparse`: compact storage of pruned fp32 / int8 policies with exact byte accounting.
 - `masked_optax`: an optax transform that keeps pruned weights, their gradients and optimizer
   moments exactly zero; masked Polyak averaging; masks as arrays for checkpoints.
 
@@ -17,6 +20,7 @@ A mask is a pytree shaped like the params: a bool array (True = kept) on each pr
     optimizer = masked(optax.adam(1e-3), mask)
 """
 
+from pruning.single_shot import PruneSettings, prune_networks
 from pruning.masked_optax import mask_from_arrays, mask_to_arrays, masked, polyak_masked
 from pruning.masks import (
     KEEP,
@@ -52,6 +56,8 @@ from pruning.scorers import (
 )
 
 __all__ = [
+    "PruneSettings",
+    "prune_networks",
     "DISTRIBUTIONS",
     "KEEP",
     "MIN_KEPT_PER_LAYER",

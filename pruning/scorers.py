@@ -36,7 +36,8 @@ def layer_names(params: Params) -> list[str]:
     return leaf_paths(params)
 
 
-def _path_matches(name: str, pattern: str) -> bool:
+def path_matches(name: str, pattern: str) -> bool:
+    """Whether layer path `pattern` names leaf path `name` (whole path components)."""
     return f"/{pattern.strip('/')}/" in f"/{name}/"
 
 
@@ -52,12 +53,12 @@ def prunable_leaves(params: Params, include_biases: bool = False, exclude: Seque
     patterns = (exclude,) if isinstance(exclude, str) else tuple(exclude)
     names = layer_names(params)
     for pattern in patterns:
-        if not any(_path_matches(name, pattern) for name in names):
+        if not any(path_matches(name, pattern) for name in names):
             raise QrlInputError(f"exclude pattern {pattern!r} matches no layer; leaves: {', '.join(names)}")
 
     def is_prunable(path, leaf) -> bool:
         name = jax.tree_util.keystr(path, simple=True, separator="/")
-        if any(_path_matches(name, pattern) for pattern in patterns):
+        if any(path_matches(name, pattern) for pattern in patterns):
             return False
         ndim = np.ndim(leaf)
         return ndim >= 2 or (include_biases and ndim == 1 and name.rsplit("/", 1)[-1] == "bias")

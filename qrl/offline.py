@@ -56,6 +56,16 @@ class OfflineAgent:
     update_count: Callable[[Any], jax.Array]
 
 
+def network_masks(agent: str, masks: Optional[dict], networks: tuple[str, ...]) -> dict:
+    """`masks` (`{network name: mask pytree}` or None) as a dict over `networks` (None where a
+    network is unpruned); an unknown network name is a one-line input error."""
+    masks = dict(masks or {})
+    unknown = sorted(set(masks) - set(networks))
+    if unknown:
+        raise QrlInputError(f"{agent} has no network {', '.join(unknown)} to mask; its networks: {', '.join(networks)}")
+    return {name: masks.get(name) for name in networks}
+
+
 def _check_count(name: str, value, minimum: int = 1) -> int:
     """`value` as an int >= `minimum`; anything else is a one-line input error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:

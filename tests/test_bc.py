@@ -164,7 +164,7 @@ def test_masked_bc_keeps_pruned_weights_and_moments_zero_and_checkpoints_the_mas
     dense_params = learning.init(jax.random.PRNGKey(1), config, 3, bounds).actor_params
     mask = random_masks(jax.random.PRNGKey(2), dense_params, 0.9, prunable_leaves(dense_params))
     workdir = str(tmp_path / "masked")
-    state, results = bc.train(dataset, ENV_ID, config, steps=500, seed=0, workdir=workdir, mask=mask, eval_every=0,
+    state, results = bc.train(dataset, ENV_ID, config, steps=500, seed=0, workdir=workdir, mask={"actor": mask}, eval_every=0,
                               eval_episodes=1, progress=False)
     assert results["updates"] == 500
     kept = {path: np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(mask)}
@@ -179,7 +179,7 @@ def test_masked_bc_keeps_pruned_weights_and_moments_zero_and_checkpoints_the_mas
 
     checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
     other_mask = random_masks(jax.random.PRNGKey(3), dense_params, 0.9, prunable_leaves(dense_params))
-    template = bc.build(config, observation_spec, action_spec, other_mask).init(jax.random.PRNGKey(5))
+    template = bc.build(config, observation_spec, action_spec, {"actor": other_mask}).init(jax.random.PRNGKey(5))
     restored = checkpointer.restore(template)
     checkpointer.close()
     restored_mask = dict(jax.tree_util.tree_leaves_with_path(restored.mask))
@@ -194,7 +194,7 @@ def test_mask_that_does_not_match_the_actor_is_an_input_error():
     config = bc.config_for({"hidden_sizes": "8-8"})
     other = learning.init(jax.random.PRNGKey(0), bc.config_for({"hidden_sizes": "4-4"}), 3, ((-2.0,), (2.0,)))
     mask = jax.tree.map(lambda leaf: jnp.ones(leaf.shape, bool), other.actor_params)
-    agent = bc.build(config, *_specs(), mask=mask)
+    agent = bc.build(config, *_specs(), mask={"actor": mask})
     with pytest.raises(QrlInputError, match="^mask does not match params"):
         agent.init(jax.random.PRNGKey(0))
 
@@ -206,3 +206,8 @@ def test_config_and_registry():
     assert agents.get_offline_agent("bc") is bc and "bc" not in agents.AGENT_NAMES
     with pytest.raises(QrlInputError, match="unknown offline agent 'bcq'"):
         agents.get_offline_agent("bcq")
+
+
+def test_masks_for_networks_bc_does_not_have_are_an_input_error():
+    with pytest.raises(QrlInputError, match="^bc has no network critic to mask; its networks: actor$"):
+        bc.build(bc.config_for({}), *_specs(), mask={"critic": None})

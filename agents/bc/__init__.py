@@ -4,11 +4,11 @@
     config = bc.config_for({"loss": "gaussian"})
     state, results = bc.train(dataset, "gym:Hopper-v5", config, steps=100_000, seed=0, workdir=D)
 
-`build(..., mask=...)` trains under a fixed pruning mask (`pruning.masks_from_scores`), scored
-with `learning.scoring_loss`.
+`build(..., mask={"actor": actor_mask})` trains under a fixed pruning mask
+(`pruning.masks_from_scores`), scored with `learning.scoring_losses`.
 """
 
-from typing import Any, Optional
+from typing import Optional
 
 from agents.bc import acting, learning
 from agents.bc.config import Config, config_for
@@ -19,14 +19,15 @@ from qrl.networks.continuous import bounds as action_bounds
 NAME = "bc"
 
 
-def build(config: Config, observation_spec, action_spec, mask: Any = None) -> offline.OfflineAgent:
-    """BC's pure functions for these specs; with `mask`, the actor trains under it."""
+def build(config: Config, observation_spec, action_spec, mask: Optional[dict] = None) -> offline.OfflineAgent:
+    """BC's pure functions for these specs; with `mask={"actor": actor_mask}`, the actor trains under it."""
     bounds = action_bounds(action_spec)
     observation_size = int(observation_spec.shape[-1])
+    actor_mask = offline.network_masks(NAME, mask, learning.NETWORKS)["actor"]
     return offline.OfflineAgent(
         name=NAME,
-        init=lambda key: learning.init(key, config, observation_size, bounds, mask),
-        update=learning.make_update(config, bounds, mask),
+        init=lambda key: learning.init(key, config, observation_size, bounds, actor_mask),
+        update=learning.make_update(config, bounds, actor_mask),
         policy=acting.make_policy(config, bounds),
         policy_params=learning.policy_params,
         update_count=learning.update_count,
@@ -40,7 +41,7 @@ def train(
     steps: int,
     seed: int,
     workdir: Optional[str] = None,
-    mask: Any = None,
+    mask: Optional[dict] = None,
     eval_every: int = 5000,
     eval_episodes: int = 10,
     reference: Optional[tuple[float, float]] = None,

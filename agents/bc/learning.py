@@ -110,6 +110,25 @@ def scoring_loss(config: Config, bounds):
     return loss_fn
 
 
+NETWORKS = ("actor",)  # what can be pruned, each scored with its own training loss
+
+
+def scoring_losses(config: Config, bounds) -> dict:
+    """`{network: loss_fn(params, batch, temperature)}` for the pruning scorers."""
+    return {"actor": scoring_loss(config, bounds)}
+
+
+def synflow_inputs(config: Config, bounds, observation_size: int) -> dict:
+    """`{network: (apply_fn(params, inputs), input_shape)}` for SynFlow's data-free scoring."""
+    network = make_actor_outputs(config, bounds)
+    return {"actor": (lambda params, inputs: network.apply({"params": params}, inputs), (1, observation_size))}
+
+
+def networks_at_init(state: TrainState) -> dict:
+    """`{network: params}` that `scoring_losses` take (the state's current params)."""
+    return {"actor": state.actor_params}
+
+
 def make_optimizer(config: Config, mask: Any = None) -> optax.GradientTransformation:
     """Adam; restricted to the kept weights when there is a mask."""
     adam = offpolicy.adam(config.learning_rate)

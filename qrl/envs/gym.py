@@ -5,6 +5,8 @@ conversion, action offset, bound methods) is decided in the constructor; a step 
 gymnasium call plus a tuple.
 """
 
+import functools
+import warnings
 from typing import Any, Callable, Optional
 
 import dm_env
@@ -111,8 +113,29 @@ def known_names() -> list[str]:
     return [name for name in gymnasium.registry if not name.startswith("ALE/")]
 
 
+# MuJoCo 3.17 deprecates an attribute of gymnasium's own HalfCheetah XML; its default handler
+# prints that to stderr (and MUJOCO_LOG.TXT) on every make, burying one-line errors.
+KNOWN_MUJOCO_WARNINGS = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+def _mujoco_warning(text: str) -> None:
+    if not any(known in text for known in KNOWN_MUJOCO_WARNINGS):
+        warnings.warn(f"MuJoCo: {text.strip()}", RuntimeWarning, stacklevel=2)
+
+
+@functools.cache
+def _route_mujoco_warnings() -> None:
+    """MuJoCo's warnings become Python warnings, minus the known gymnasium-XML deprecations."""
+    try:
+        import mujoco
+    except ImportError:
+        return
+    mujoco.set_mju_user_warning(_mujoco_warning)
+
+
 def make(name: str, seed: int, **options) -> GymEnvironment:
     """`gym:<name>`: `gymnasium.make(name, **options)` behind the `dm_env` adapter."""
+    _route_mujoco_warnings()
     if name.startswith("ALE/"):
         game = name[4:].split("-")[0]
         raise QrlInputError(f"Atari runs through the atari family with DQN preprocessing: use atari:{game}")

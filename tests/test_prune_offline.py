@@ -1,0 +1,143 @@
+"""Single-shot pruning of an offline agent: `pruning.prune_networks` and `launch.prune_offline`."""
+
+import json
+import os
+import subprocess
+import sys
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agents import bc
+from pruning import PruneSettings, kept_count, kept_fraction, prunable_count, prune_networks
+from qrl import offline
+from qrl.datasets import collect
+from qrl.datasets.writers import write_d4rl_hdf5
+from qrl.errors import QrlInputError
+from qrl.networks.continuous import bounds as action_bounds
+from tests.test_bc import ENV_ID, swing_up
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL_BC = {"hidden_sizes": "32-32", "batch_size": 64}
+
+
+def bc_networks(config):
+    observation_spec, action_spec = offline.env_specs(ENV_ID)
+    state = bc.build(config, observation_spec, action_spec).init(jax.random.PRNGKey(0))
+    return bc.learning.networks_at_init(state), action_bounds(action_spec)
+
+
+def scoring_data(count=2, size=32):
+    rng = np.random.default_rng(0)
+    angles = rng.uniform(-np.pi, np.pi, size=count * size)
+    observations = np.stack([np.cos(angles), np.sin(angles), rng.normal(size=angles.size)], axis=1).astype(np.float32)
+    actions = np.asarray(swing_up(observations), np.float32)
+    return [jax.tree.map(jnp.asarray, dict(observation=observations[i * size:(i + 1) * size],
+                                           action=actions[i * size:(i + 1) * size]))
+            for i in range(count)]
+
+
+class Batch(NamedTuple):
+    """The fields BC's scoring loss reads, as in `qrl.replay.Transition`."""
+
+    observation: jax.Array
+    action: jax.Array
+
+
+@pytest.mark.parametrize("pruner", ["snip", "grasp", "magnitude", "random", "synflow"])
+def test_every_pruner_keeps_exact_counts_on_bc(pruner):
+    config = bc.config_for(SMALL_BC)
+    networks, bounds = bc_networks(config)
+    batches = [Batch(**batch) for batch in scoring_data()]
+    masks = prune_networks(pruner, networks, bc.learning.scoring_losses(config, bounds), batches,
+                           PruneSettings(sparsity=0.9, synflow_iterations=10), key=jax.random.PRNGKey(1),
+                           synflow_inputs=bc.learning.synflow_inputs(config, bounds, 3))
+    mask = masks["actor"]
+    assert kept_count(mask) == round(0.1 * prunable_count(mask))
+    leaves = jax.tree_util.tree_flatten_with_path(mask, is_leaf=lambda node: node is None)[0]
+    assert all((leaf is None) == ("bias" in jax.tree_util.keystr(path)) for path, leaf in leaves)
+
+
+def test_snip_and_grasp_select_differently_and_none_prunes_nothing():
+    config = bc.config_for(SMALL_BC)
+    networks, bounds = bc_networks(config)
+    batches = [Batch(**batch) for batch in scoring_data()]
+    losses = bc.learning.scoring_losses(config, bounds)
+    snip = prune_networks("snip", networks, losses, batches, PruneSettings(sparsity=0.9))["actor"]
+    grasp = prune_networks("grasp", networks, losses, batches, PruneSettings(sparsity=0.9))["actor"]
+    assert any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(snip), jax.tree.leaves(grasp)))
+    assert prune_networks("none", networks, losses, batches, PruneSettings())["actor"] is None
+    excluded = prune_networks("snip", networks, losses, batches, PruneSettings(sparsity=0.9, exclude=("head",)))["actor"]
+    assert excluded["head"]["kernel"] is None and kept_fraction(excluded) == pytest.approx(0.1, abs=0.01)
+
+
+def test_prune_settings_reject_bad_input():
+    config = bc.config_for(SMALL_BC)
+    networks, bounds = bc_networks(config)
+    losses = bc.learning.scoring_losses(config, bounds)
+    for pruner, settings, message in [
+        ("snip", PruneSettings(sparsity=1.0), "sparsity must be in"),
+        ("snap", PruneSettings(), "unknown pruner 'snap'"),
+        ("random", PruneSettings(scope="global"), "scope must be network or layer"),
+        ("snip", PruneSettings(exclude=("dense_9",)), "matches no layer"),
+        ("synflow", PruneSettings(), "missing: actor"),
+    ]:
+        with pytest.raises(QrlInputError, match=message):
+            prune_networks(pruner, networks, losses, [], settings, key=jax.random.PRNGKey(0))
+
+
+@pytest.fixture(scope="module")
+def dataset_file(tmp_path_factory):
+    """2,000 noisy swing-up steps on Pendulum in D4RL format, with reference returns."""
+    act = lambda params, observations, normal: jnp.clip(swing_up(observations) + 0.5 * normal, -2.0, 2.0)
+    steps, stats = collect.collect_steps(ENV_ID, act, None, 2000, seed=0)
+    path = tmp_path_factory.mktemp("data") / "pendulum-swingup.hdf5"
+    write_d4rl_hdf5(path, steps, {"env_id": ENV_ID, "ref_min_score": -1400.0,
+                                  "ref_max_score": float(np.mean(stats["episode_returns"]))})
+    return str(path)
+
+
+def run_cli(*flags):
+    return subprocess.run([sys.executable, "-m", "launch.prune_offline", *flags], cwd=REPO, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=600)
+
+
+def test_cli_run_writes_results_masks_and_sparse_policy(dataset_file, tmp_path):
+    workdir = tmp_path / "snip"
+    common = [f"--dataset={dataset_file}", "--algo=bc", "--steps=200", "--eval_every=0", "--eval_episodes=2",
+              "--set=hidden_sizes=64-64", "--set=batch_size=64"]
+    result = run_cli(*common, "--pruner=snip", "--sparsity=0.9", f"--workdir={workdir}")
+    assert result.returncode == 0, result.stderr
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["config"]["env"] == ENV_ID and results["config"]["pruner"] == "snip"
+    assert results["masks"]["actor"]["kept_fraction"] == pytest.approx(0.1, abs=0.005)
+    assert set(results["masks"]["actor"]["layers"]) == {"torso/dense_0/kernel", "torso/dense_1/kernel", "head/kernel"}
+    assert results["normalized_score"] is not None and np.isfinite(results["normalized_score"]["mean"])
+    rows = {(row["format"], row["precision"]): row for row in results["policy_memory"]}
+    assert rows[("csr", "int8")]["bytes"] < rows[("csr", "fp32")]["bytes"] < rows[("dense", "fp32")]["bytes"]
+    for name in ("config.json", "masks.msgpack", "metrics.csv", "policy_csr_fp32.msgpack", "policy_csr_int8.msgpack"):
+        assert (workdir / name).is_file(), name
+    assert os.path.getsize(workdir / "policy_csr_int8.msgpack") < 0.2 * rows[("dense", "fp32")]["bytes"]
+
+    # The same masks again, from the first run: identical kept weights.
+    reused = run_cli(*common, f"--masks_from={workdir}", f"--workdir={tmp_path / 'reused'}")
+    assert reused.returncode == 0, reused.stderr
+    again = json.loads((tmp_path / "reused" / "results.json").read_text())
+    assert again["masks"] == results["masks"]
+
+    bad_inputs = [
+        (["--pruner=snip", "--sparsity=1.0"], "sparsity must be in [0, 1)"),
+        (["--pruner=snap"], "unknown pruner 'snap'"),
+        (["--pruner=snip", "--env=gym:HalfCheetah-v5"], "dataset observations have 3 dims, gym:HalfCheetah-v5 has 17"),
+        (["--set=hidden_sizes=32-32", f"--masks_from={workdir}"], "does not match"),
+        (["--algo=cql"], "unknown offline algorithm 'cql'"),
+        (["--pruner=snip", f"--dataset={tmp_path / 'missing.hdf5'}"], "no such dataset"),
+    ]
+    for flags, message in bad_inputs:
+        result = run_cli(*common, *flags, f"--workdir={tmp_path / 'bad'}")
+        assert result.returncode == 2, (flags, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
+    assert not (tmp_path / "bad").exists()
