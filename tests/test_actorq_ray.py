@@ -64,9 +64,12 @@ def run_id():
 
 def _start(run_id: str, workdir, *flags) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": REPO, RUN_MARKER: run_id}
+    # A shell's background job starts with SIGINT ignored and its children inherit that; the driver
+    # must start with the default disposition, as from a terminal, for Ctrl-C to reach it.
     return subprocess.Popen(
         [sys.executable, "-m", "launch.actorq", "--launcher=ray", f"--workdir={workdir}", *SMALL_DQN, *flags],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
