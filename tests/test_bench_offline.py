@@ -1,0 +1,33 @@
+"""Smoke tests of the offline benchmarks (`--quick`): each prints its measurements, its target
+lines, and writes its JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_bench(*arguments):
+    completed = subprocess.run([sys.executable, "-m", *arguments], cwd=REPO_ROOT, capture_output=True, text=True,
+                               timeout=300, env={**os.environ, "PYTHONPATH": REPO_ROOT})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed.stdout
+
+
+def test_sampling_bench_compares_a_sample_with_a_bc_update(tmp_path):
+    output = run_bench("bench.offline_data", "sampling", "--quick", f"--json={tmp_path / 'sampling.json'}")
+    assert "sample / BC update" in output and "(target < 0.05:" in output
+    results = json.loads((tmp_path / "sampling.json").read_text())
+    assert set(results["per_step_seconds"]) == {"sample", "bc_update", "bc_update_sampling"}
+    assert results["sample_over_update"] == results["per_step_seconds"]["sample"] / results["per_step_seconds"]["bc_update"]
+
+
+def test_pruning_bench_prints_memory_per_format_and_masked_cost(tmp_path):
+    output = run_bench("bench.pruning", "--quick", f"--json={tmp_path / 'pruning.json'}")
+    assert "95% sparse int8, best format:" in output and "(target ≤ 1/20:" in output
+    assert "masked" in output and "(target ≤ 1.10:" in output
+    results = json.loads((tmp_path / "pruning.json").read_text())
+    assert [row["sparsity"] for row in results["memory"]] == [0.5, 0.8, 0.9, 0.95, 0.98, 0.99]
+    assert len(results["memory"][0]["table"]) == 8
