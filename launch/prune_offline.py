@@ -137,7 +137,7 @@ def run() -> None:
                                   bool(getattr(config, "normalize_observations", False)))
         synflow = getattr(algo.learning, "synflow_inputs", None)
         masks = prune_networks(
-            FLAGS.pruner, networks, algo.learning.scoring_losses(config, bounds), batches, settings,
+            FLAGS.pruner, networks, algo.learning.scoring_losses(config, bounds, scored_state), batches, settings,
             key=jax.random.PRNGKey(FLAGS.seed + 2),
             synflow_inputs=synflow(config, bounds, observation_size) if synflow else None,
         )

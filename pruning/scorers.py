@@ -44,8 +44,8 @@ def path_matches(name: str, pattern: str) -> bool:
 def prunable_leaves(params: Params, include_biases: bool = False, exclude: Sequence[str] = ()) -> Any:
     """Bool pytree shaped like `params`: True for leaves that may be pruned.
 
-    By default arrays with ndim >= 2 (dense and conv kernels); with `include_biases` also 1-D
-    leaves named "bias". `exclude` holds layer paths to skip (first/last layer exclusion), matched
+    By default arrays with ndim >= 2 (dense and conv kernels) except leaves named "bias" (a stack
+    of E networks has `[E, H]` biases); with `include_biases` the biases too. `exclude` holds layer paths to skip (first/last layer exclusion), matched
     on whole path components: "dense_0" or "torso/dense_0" match "params/torso/dense_0/kernel",
     "dense_1" does not match "dense_10". A pattern that matches no leaf is an error (a typo would
     silently prune the layer).
@@ -60,8 +60,8 @@ def prunable_leaves(params: Params, include_biases: bool = False, exclude: Seque
         name = jax.tree_util.keystr(path, simple=True, separator="/")
         if any(path_matches(name, pattern) for pattern in patterns):
             return False
-        ndim = np.ndim(leaf)
-        return ndim >= 2 or (include_biases and ndim == 1 and name.rsplit("/", 1)[-1] == "bias")
+        is_bias = name.rsplit("/", 1)[-1] == "bias"  # stacked networks have [E, H] biases
+        return (np.ndim(leaf) >= 2 and not is_bias) or (include_biases and is_bias)
 
     return jax.tree_util.tree_map_with_path(is_prunable, params)
 

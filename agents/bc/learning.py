@@ -9,7 +9,7 @@ the dataset's unit action. In both cases the deterministic policy is `scale(tanh
 """
 
 import math
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import chex
 import flax
@@ -113,8 +113,9 @@ def scoring_loss(config: Config, bounds):
 NETWORKS = ("actor",)  # what can be pruned, each scored with its own training loss
 
 
-def scoring_losses(config: Config, bounds) -> dict:
-    """`{network: loss_fn(params, batch, temperature)}` for the pruning scorers."""
+def scoring_losses(config: Config, bounds, state: Optional[TrainState] = None) -> dict:
+    """`{network: loss_fn(params, batch, temperature)}` for the pruning scorers (`state`, which
+    agents with several networks score against, is not needed: BC has one)."""
     return {"actor": scoring_loss(config, bounds)}
 
 
