@@ -141,3 +141,17 @@ def test_cli_run_writes_results_masks_and_sparse_policy(dataset_file, tmp_path):
         assert result.returncode == 2, (flags, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("algo, networks", [("td3_bc", {"actor", "critic"}), ("iql", {"actor", "critic", "value"})])
+def test_every_network_of_multi_network_agents_is_pruned_and_trained(dataset_file, tmp_path, algo, networks):
+    from launch.prune_runs import PruneRun, run_prune_offline
+
+    run = PruneRun(dataset=dataset_file, algo=algo, pruner="snip", settings=PruneSettings(sparsity=0.9),
+                   overrides={"hidden_sizes": "32-32", "batch_size": 32}, steps=40, eval_every=0, eval_episodes=1)
+    results = run_prune_offline(run, str(tmp_path / algo), progress=False, printer=lambda line: None)
+    assert set(results["masks"]) == networks
+    for name in networks:
+        assert results["masks"][name]["kept_fraction"] == pytest.approx(0.1, abs=0.01), name
+    assert results["updates"] == 40 and np.isfinite(results["final_eval"]["mean"])
+    assert results["policy_networks"] == ["actor"]

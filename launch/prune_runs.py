@@ -1,0 +1,187 @@
+"""One single-shot pruning run as a library call: `launch.prune_offline` parses flags into a
+`PruneRun`, `launch.prune_study` runs one per cell.
+
+    results = run_prune_offline(PruneRun(dataset="data/hopper-medium-qrl.hdf5", algo="bc",
+                                         pruner="snip", settings=PruneSettings(sparsity=0.95)), workdir)
+
+The workdir gets `config.json`, `masks.msgpack` (every network's mask), `metrics.csv` /
+TensorBoard, checkpoints, the pruned policy in CSR (`policy_csr_fp32.msgpack`,
+`policy_csr_int8.msgpack`) and, last, `results.json`: normalized score and returns, kept fraction
+overall and per layer for every network, and the policy's bytes in every sparse format against
+dense fp32 and PyTorch-style COO.
+"""
+
+import dataclasses
+import os
+from typing import Any, Mapping, Optional
+
+import jax
+import numpy as np
+from flax import serialization
+
+import qrl
+from launch.runs import prepare_workdir
+from pruning import PruneSettings, check_mask, kept_fraction, layer_kept_fractions, mask_from_arrays, mask_to_arrays
+from pruning import prune_networks, sparse
+from qrl import io, offline, runtime
+from qrl.datasets import d4rl, files, from_qlearning, normalize_observations, sample
+from qrl.errors import QrlInputError
+from qrl.networks.continuous import bounds as action_bounds
+from qrl.replay import Transition
+
+MASKS_FILE = "masks.msgpack"
+RESULTS_FILE = "results.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneRun:
+    """What one run does: the dataset (`env` defaults to its metadata), the offline algorithm and
+    its config overrides, the pruner and its settings, the scoring data (`prune_batches` ×
+    `prune_batch_size`), whether scores come from a separately initialized copy (the reference
+    codes) or the weights that train, masks reused from an earlier run, and the training budget."""
+
+    dataset: str
+    algo: str = "bc"
+    pruner: str = "snip"
+    settings: PruneSettings = PruneSettings()
+    env: Optional[str] = None
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    prune_batches: int = 1
+    prune_batch_size: int = 256
+    score_separate_init: bool = False
+    masks_from: Optional[str] = None
+    steps: int = 100_000
+    seed: int = 0
+    eval_every: int = 5_000
+    eval_episodes: int = 10
+
+
+def scoring_batches(dataset, count: int, batch_size: int, seed: int, normalize: bool) -> list[Transition]:
+    """`count` batches `[B, ...]` drawn uniformly from the dataset (observations normalized as the
+    agent trains on them when `normalize`)."""
+    for name, value in (("prune_batches", count), ("prune_batch_size", batch_size)):
+        if value < 1:
+            raise QrlInputError(f"{name} must be >= 1, got {value}")
+    drawn = sample(dataset, jax.random.PRNGKey(seed), batch_size, count)
+    if normalize:
+        drawn = drawn.replace(observation=normalize_observations(dataset, drawn.observation),
+                              next_observation=normalize_observations(dataset, drawn.next_observation))
+    return [jax.tree.map(lambda values, index=index: values[index], drawn) for index in range(count)]
+
+
+def load_masks(run_dir: str, networks: dict) -> dict:
+    """The masks a previous run saved, checked against this run's networks."""
+    path = os.path.join(run_dir, MASKS_FILE)
+    if not os.path.isfile(path):
+        raise QrlInputError(f"masks_from={run_dir}: no {MASKS_FILE} there")
+    try:
+        with open(path, "rb") as handle:
+            stored = serialization.msgpack_restore(handle.read())
+    except Exception:
+        raise QrlInputError(f"{path}: corrupt masks file") from None
+    unknown = sorted(set(stored) - set(networks))
+    if unknown:
+        raise QrlInputError(f"{path}: masks for networks this algorithm does not have: {', '.join(unknown)}")
+    masks = {}
+    for name, params in networks.items():
+        masks[name] = None if name not in stored else mask_from_arrays(stored[name], params)
+        if masks[name] is not None:
+            check_mask(params, masks[name], where=f"{path} ({name})")
+    return masks
+
+
+def read_masks(run_dir: str) -> dict:
+    """`{network: nested uint8 arrays}` as a run saved them (for mask overlap between runs)."""
+    with open(os.path.join(run_dir, MASKS_FILE), "rb") as handle:
+        return serialization.msgpack_restore(handle.read())
+
+
+def mask_summary(masks: dict) -> dict:
+    return {name: None if mask is None else {"kept_fraction": kept_fraction(mask), "layers": layer_kept_fractions(mask)}
+            for name, mask in masks.items()}
+
+
+def _all_kept(params) -> Any:
+    """A mask keeping every weight (ndim >= 2, not biases): the accounting of an unpruned network."""
+    def flag(path, leaf):
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
+        return np.ones(np.shape(leaf), bool) if np.ndim(leaf) >= 2 and not name.endswith("bias") else None
+
+    return jax.tree_util.tree_map_with_path(flag, params)
+
+
+def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, progress: bool = True,
+                      printer=print) -> dict:
+    """Prunes, trains and accounts one run into `workdir`; returns its results dict."""
+    from agents import OFFLINE_AGENT_NAMES, get_offline_agent
+
+    run.settings.check(run.pruner)
+    if run.algo not in OFFLINE_AGENT_NAMES:
+        raise QrlInputError(f"unknown offline algorithm {run.algo!r}; known: {', '.join(OFFLINE_AGENT_NAMES)}")
+    algo = get_offline_agent(run.algo)
+    config = algo.config_for(dict(run.overrides))
+    arrays = files.read_steps(run.dataset)
+    metadata = arrays.get("metadata", {})
+    env_id = run.env or files.env_id(metadata)
+    if not env_id:
+        raise QrlInputError(f"{run.dataset} names no environment: pass an env")
+    reference, reference_source = files.reference_returns(run.dataset, metadata)
+    if reference is not None and not reference[1] > reference[0]:
+        reference, reference_source = None, None
+    runtime.configure_jax(1)
+    dataset = from_qlearning(d4rl.qlearning_arrays(arrays))
+    observation_spec, action_spec = offline.env_specs(env_id)
+    offline.check_dataset_matches_env(dataset, observation_spec, action_spec, env_id)
+    bounds = action_bounds(action_spec)
+    observation_size = int(observation_spec.shape[-1])
+    if hasattr(algo, "config_for_run"):  # what the dataset and budget fill in (IQL's reward scale, schedule)
+        config = algo.config_for_run(config, dataset, run.steps)
+
+    dense = algo.build(config, observation_spec, action_spec)
+    scored_state = dense.init(jax.random.PRNGKey(run.seed + (1 if run.score_separate_init else 0)))
+    networks = algo.learning.networks_at_init(scored_state)
+    if run.masks_from:
+        masks = load_masks(run.masks_from, networks)
+    else:
+        batches = scoring_batches(dataset, run.prune_batches, run.prune_batch_size, run.seed,
+                                  bool(getattr(config, "normalize_observations", False)))
+        synflow = getattr(algo.learning, "synflow_inputs", None)
+        masks = prune_networks(
+            run.pruner, networks, algo.learning.scoring_losses(config, bounds, scored_state), batches, run.settings,
+            key=jax.random.PRNGKey(run.seed + 2),
+            synflow_inputs=synflow(config, bounds, observation_size) if synflow else None,
+        )
+    prepare_workdir(workdir, overwrite)
+    run_config = {
+        **dataclasses.asdict(run), "dataset": os.path.abspath(run.dataset), "env": env_id,
+        "agent_config": config.to_dict(), "reference_returns": reference, "reference_source": reference_source,
+        "qrl_version": qrl.__version__,
+    }
+    io.atomic_write_json(os.path.join(workdir, "config.json"), run_config)
+    io.atomic_write_bytes(os.path.join(workdir, MASKS_FILE), serialization.msgpack_serialize(
+        {name: mask_to_arrays(mask) for name, mask in masks.items() if mask is not None}))
+
+    state, results = algo.train(
+        dataset, env_id, config, run.steps, run.seed, workdir=workdir,
+        mask={name: mask for name, mask in masks.items() if mask is not None} or None,
+        eval_every=run.eval_every, eval_episodes=run.eval_episodes, reference=reference, progress=progress,
+    )
+    trained = algo.learning.networks_at_init(state)
+    policy_networks = getattr(algo.learning, "POLICY_NETWORKS", ("actor",))
+    policy = {name: trained[name] for name in policy_networks}
+    policy_mask = {name: masks.get(name) if masks.get(name) is not None else _all_kept(policy[name])
+                   for name in policy_networks}
+    memory = sparse.memory_table(policy, policy_mask)
+    for precision in sparse.PRECISIONS:
+        blob = sparse.export_sparse(policy, policy_mask, "csr", precision)
+        io.atomic_write_bytes(os.path.join(workdir, f"policy_csr_{precision}.msgpack"), sparse.to_bytes(blob))
+    results = {"config": run_config, **results, "masks": mask_summary(masks), "policy_networks": list(policy_networks),
+               "policy_memory": memory}
+    io.atomic_write_json(os.path.join(workdir, RESULTS_FILE), results)
+    final, score = results["final_eval"], results.get("normalized_score")
+    best = min(memory[2:], key=lambda row: row["bytes"])
+    printer(f"{run.algo} {run.pruner} at sparsity {run.settings.sparsity:g} on {env_id}: return {final['mean']:.1f} ± "
+            f"{final['std']:.1f}" + (f", normalized {score['mean']:.1f}" if score else "")
+            + f"; policy {best['bytes']} bytes as {best['format']} {best['precision']} "
+            f"({best['vs_dense_fp32']:.3f}× dense fp32) -> {workdir}")
+    return results
