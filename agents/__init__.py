@@ -13,7 +13,7 @@ from types import ModuleType
 from qrl.errors import QrlInputError
 
 AGENT_NAMES = ("dqn", "ppo", "a2c", "ddpg", "td3", "sac", "d4pg")
-OFFLINE_AGENT_NAMES = ("bc", "td3_bc", "iql")  # trained on datasets by qrl.offline; their own surface (Config, build, train).
+OFFLINE_AGENT_NAMES = ("bc", "td3_bc", "iql", "bcq")  # trained on datasets by qrl.offline; their own surface (Config, build, train).
 
 
 def get_agent(name: str) -> ModuleType:

@@ -284,3 +284,28 @@ def train_offline(
         "last_metrics": metrics,
     }
     return state, results
+
+
+def train_agent(
+    build: Callable[..., OfflineAgent],
+    dataset: Dataset,
+    env_id: str,
+    config: Any,
+    steps: int,
+    seed: int,
+    mask: Optional[dict] = None,
+    env_options: Optional[dict] = None,
+    **options,
+) -> tuple[Any, dict]:
+    """What every offline agent's `train` does: checks `dataset` against `env_id`'s specs, builds
+    the agent (`build(config, observation_spec, action_spec, mask=mask)`) and runs `train_offline`
+    with the config's `batch_size`, `updates_per_call` and `normalize_observations`; `options` are
+    `train_offline`'s (workdir, eval_every, eval_episodes, reference, log_every, checkpoint_every,
+    progress). Returns `(state, results)`."""
+    observation_spec, action_spec = env_specs(env_id, env_options)
+    check_dataset_matches_env(dataset, observation_spec, action_spec, env_id)
+    agent = build(config, observation_spec, action_spec, mask=mask)
+    return train_offline(
+        agent, dataset, env_id, steps, seed, batch_size=config.batch_size, updates_per_call=config.updates_per_call,
+        normalize_observations=config.normalize_observations, env_options=env_options, config=config, **options,
+    )

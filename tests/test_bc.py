@@ -204,8 +204,8 @@ def test_config_and_registry():
     with pytest.raises(QrlInputError, match="BC config loss must be one of mse, gaussian"):
         bc.config_for({"loss": "l1"})
     assert agents.get_offline_agent("bc") is bc and "bc" not in agents.AGENT_NAMES
-    with pytest.raises(QrlInputError, match="unknown offline agent 'bcq'"):
-        agents.get_offline_agent("bcq")
+    with pytest.raises(QrlInputError, match="unknown offline agent 'cql'"):
+        agents.get_offline_agent("cql")
 
 
 def test_masks_for_networks_bc_does_not_have_are_an_input_error():

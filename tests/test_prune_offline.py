@@ -155,3 +155,25 @@ def test_every_network_of_multi_network_agents_is_pruned_and_trained(dataset_fil
         assert results["masks"][name]["kept_fraction"] == pytest.approx(0.1, abs=0.01), name
     assert results["updates"] == 40 and np.isfinite(results["final_eval"]["mean"])
     assert results["policy_networks"] == ["actor"]
+
+
+def test_bcq_prunes_every_network_and_accounts_the_networks_it_acts_with(dataset_file, tmp_path):
+    from launch.prune_runs import PruneRun, run_prune_offline
+
+    run = PruneRun(dataset=dataset_file, algo="bcq", pruner="snip", settings=PruneSettings(sparsity=0.9),
+                   overrides={"vae_hidden_sizes": "32-32", "actor_hidden_sizes": "16-16",
+                              "critic_hidden_sizes": "16-16", "batch_size": 32, "acting_samples": 4},
+                   steps=20, eval_every=0, eval_episodes=1)
+    results = run_prune_offline(run, str(tmp_path / "bcq"), progress=False, printer=lambda line: None)
+    assert set(results["masks"]) == {"vae", "actor", "critic"}
+    for name in ("vae", "actor", "critic"):
+        assert results["masks"][name]["kept_fraction"] == pytest.approx(0.1, abs=0.01), name
+    assert results["policy_networks"] == ["vae/decoder", "actor", "critic"]
+    # Acting runs the decoder (obs 3 + latent 2 -> 32 -> 32 -> action 1), the actor (obs 3 + action 1
+    # -> 16 -> 16 -> 1) and both stacked critics (obs 3 + action 1 -> 16 -> 16 -> 1): the encoder is not deployed.
+    decoder = (5 * 32 + 32) + (32 * 32 + 32) + (32 * 1 + 1)
+    actor = (4 * 16 + 16) + (16 * 16 + 16) + (16 * 1 + 1)
+    critics = 2 * actor
+    dense = results["policy_memory"][0]
+    assert dense["format"] == "dense" and dense["bytes"] == 4 * (decoder + actor + critics)
+    assert results["updates"] == 20 and np.isfinite(results["final_eval"]["mean"])

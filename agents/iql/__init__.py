@@ -47,35 +47,15 @@ def config_for_run(config: Config, dataset: Dataset, steps: int) -> Config:
     return config.replace(**changes)
 
 
-def train(
-    dataset: Dataset,
-    env_id: str,
-    config: Config,
-    steps: int,
-    seed: int,
-    workdir: Optional[str] = None,
-    mask: Optional[dict] = None,
-    eval_every: int = 5000,
-    eval_episodes: int = 10,
-    reference: Optional[tuple[float, float]] = None,
-    log_every: int = 1000,
-    checkpoint_every: int = 0,
-    progress: bool = True,
-    env_options: Optional[dict] = None,
-) -> tuple[learning.TrainState, dict]:
-    """Trains IQL for `steps` gradient steps on `dataset`, evaluating in `env_id`; returns
-    `(state, results)` of `qrl.offline.train_offline`. The config run (and saved with the
-    checkpoints) is `config_for_run(config, dataset, steps)`."""
-    observation_spec, action_spec = offline.env_specs(env_id, env_options)
-    offline.check_dataset_matches_env(dataset, observation_spec, action_spec, env_id)
+def train(dataset: Dataset, env_id: str, config: Config, steps: int, seed: int, mask: Optional[dict] = None,
+          **options) -> tuple[learning.TrainState, dict]:
+    """Trains IQL for `steps` gradient steps on `dataset`, evaluating in `env_id`, with `mask=
+    {network: mask}` if given; `options` are `qrl.offline.train_offline`'s (workdir, eval_every,
+    eval_episodes, reference, log_every, checkpoint_every, progress, env_options). Returns
+    `(state, results)`. The config run (and saved with the checkpoints) is
+    `config_for_run(config, dataset, steps)`."""
     config = config_for_run(config, dataset, offline._check_count("steps", steps))
-    agent = build(config, observation_spec, action_spec, mask=mask)
-    return offline.train_offline(
-        agent, dataset, env_id, steps, seed, workdir=workdir, batch_size=config.batch_size,
-        updates_per_call=config.updates_per_call, eval_every=eval_every, eval_episodes=eval_episodes,
-        reference=reference, normalize_observations=config.normalize_observations, log_every=log_every,
-        checkpoint_every=checkpoint_every, progress=progress, env_options=env_options, config=config,
-    )
+    return offline.train_agent(build, dataset, env_id, config, steps, seed, mask=mask, **options)
 
 
 __all__ = ["Config", "NAME", "acting", "build", "config_for", "config_for_run", "learning", "train"]

@@ -1,0 +1,264 @@
+"""The single-shot pruning study in one command: datasets × offline algorithms × pruners ×
+sparsities × seeds, then scores, layerwise kept fractions, mask overlap and memory tables.
+
+    python -m launch.prune_study --workdir=runs/prune_study --datasets=data/hopper-medium-qrl.hdf5 \\
+        --algos=bc,td3_bc --pruners=snip,grasp --sparsities=0,0.9,0.95,0.98 --seeds=0,1,2 --steps=100000
+
+Each cell is one `launch.prune_runs.run_prune_offline` run, in this process, into
+`<workdir>/cells/<task>/<algo>/<pruner>/s<sparsity>/seed<k>/` (task: the dataset file's stem or the
+Minari directory's last two parts). Sparsity 0 is the dense run, pruner "none", once per task ×
+algo × seed (also run when --pruners lists none); the other pruners run at every nonzero sparsity.
+A cell whose results.json exists is skipped and an unfinished one starts again, so rerunning the
+command resumes. Bad input in a cell stops the study with its one line; any other failure is
+recorded (traceback in `<cell>.error.txt`) and the study goes on, exiting 1 at the end. Then
+report.md, summary.json and plots/ go into the workdir (`pruning.study_report`).
+"""
+
+import dataclasses
+import os
+import shutil
+import sys
+import time
+import traceback
+from typing import Callable, Mapping, Optional, Sequence
+
+from absl import flags
+
+from launch import common, studies
+from launch.prune_runs import MASKS_FILE, RESULTS_FILE, PruneRun, read_masks, run_prune_offline
+from pruning import PruneSettings, check_pruner, check_sparsity
+from pruning import study_report
+from qrl import io
+from qrl.errors import QrlInputError
+
+DENSE = study_report.DENSE
+Runner = Callable[..., dict]
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Study directory (required).")
+flags.DEFINE_string("datasets", None, "Comma-separated datasets (D4RL HDF5 files or Minari directories); one task each.")
+flags.DEFINE_string("algos", "bc", "Comma-separated offline algorithms (agents.OFFLINE_AGENT_NAMES).")
+flags.DEFINE_string("pruners", "none,snip,grasp", "Comma-separated pruners; none is the dense run.")
+flags.DEFINE_string("sparsities", "0,0.5,0.8,0.9,0.95,0.98,0.99", "Comma-separated sparsities in [0, 1); 0 is dense.")
+flags.DEFINE_string("seeds", "0,1,2", "Comma-separated seeds.")
+flags.DEFINE_integer("steps", 100_000, "Gradient steps per cell.")
+flags.DEFINE_integer("eval_every", 5_000, "Evaluate every N gradient steps (0: only at the end).")
+flags.DEFINE_integer("eval_episodes", 10, "Episodes per evaluation.")
+flags.DEFINE_integer("prune_batches", 1, "Offline batches the scores are computed on.")
+flags.DEFINE_integer("prune_batch_size", 256, "Transitions per scoring batch.")
+flags.DEFINE_enum("scope", "network", ["network", "layer", "global"], "Where the score threshold applies.")
+flags.DEFINE_multi_string("set", [], "Algorithm config override algo.key=value (repeatable), e.g. bc.hidden_sizes=64-64.")
+flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyOptions:
+    """A checked study plan (build it with `make_options`)."""
+
+    workdir: str
+    datasets: tuple[str, ...]
+    algos: tuple[str, ...]
+    pruners: tuple[str, ...]
+    sparsities: tuple[float, ...]
+    seeds: tuple[int, ...]
+    steps: int = 100_000
+    eval_every: int = 5_000
+    eval_episodes: int = 10
+    prune_batches: int = 1
+    prune_batch_size: int = 256
+    scope: str = "network"
+    overrides: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One pruning run of the study."""
+
+    dataset: str
+    task: str
+    algo: str
+    pruner: str
+    sparsity: float
+    seed: int
+
+    @property
+    def relative_dir(self) -> str:
+        return os.path.join("cells", self.task, self.algo, self.pruner, f"s{self.sparsity:g}", f"seed{self.seed}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.task} {self.algo} {self.pruner} s{self.sparsity:g} seed {self.seed}"
+
+
+def task_name(dataset: str) -> str:
+    """`data/hopper-medium.hdf5` -> `hopper-medium`; `minari/qrl/hopper/medium-v0` -> `hopper-medium-v0`."""
+    path = os.path.normpath(dataset)
+    if os.path.isdir(path):
+        return "-".join(part for part in path.split(os.sep)[-2:] if part not in ("", ".", ".."))
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def parse_sparsities(text: str) -> list[float]:
+    values = []
+    for item in studies.parse_list(text, "sparsities"):
+        try:
+            value = float(item)
+        except ValueError:
+            raise QrlInputError(f"--sparsities takes comma-separated numbers, got {item!r}") from None
+        values.append(check_sparsity(value))
+    return sorted(set(values))
+
+
+def make_options(
+    workdir: Optional[str], datasets: Optional[str], algos: str, pruners: str, sparsities: str, seeds: str,
+    steps: int = 100_000, eval_every: int = 5_000, eval_episodes: int = 10, prune_batches: int = 1,
+    prune_batch_size: int = 256, scope: str = "network", sets: Sequence[str] = (),
+) -> StudyOptions:
+    """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError."""
+    from agents import OFFLINE_AGENT_NAMES, get_offline_agent
+    from qrl.datasets import files
+
+    workdir = common.require_workdir(workdir)
+    if not datasets or not str(datasets).strip():
+        raise QrlInputError("--datasets is required")
+    dataset_list = studies.parse_list(datasets, "datasets")
+    tasks: dict[str, str] = {}
+    for dataset in dataset_list:
+        files.dataset_format(dataset)
+        task = task_name(dataset)
+        if task in tasks:
+            raise QrlInputError(f"--datasets {tasks[task]} and {dataset} are both task {task!r}")
+        tasks[task] = dataset
+    algo_list = studies.parse_list(algos, "algos")
+    for algo in algo_list:
+        if algo not in OFFLINE_AGENT_NAMES:
+            raise QrlInputError(f"unknown offline algorithm {algo!r} in --algos; known: {', '.join(OFFLINE_AGENT_NAMES)}")
+    pruner_list = [check_pruner(pruner) for pruner in studies.parse_list(pruners, "pruners")]
+    sparsity_list = parse_sparsities(sparsities)
+    seed_list = studies.parse_ints(seeds, "seeds")
+    if not seed_list:
+        raise QrlInputError("--seeds is empty")
+    for name, value, minimum in (("steps", steps, 1), ("eval_every", eval_every, 0), ("eval_episodes", eval_episodes, 1),
+                                 ("prune_batches", prune_batches, 1), ("prune_batch_size", prune_batch_size, 1)):
+        if value < minimum:
+            raise QrlInputError(f"--{name} must be >= {minimum}, got {value}")
+    for pruner in pruner_list:
+        PruneSettings(sparsity=max(sparsity_list), scope=scope).check(pruner)
+    overrides = studies.split_agent_overrides(sets, algo_list)
+    for algo in algo_list:
+        get_offline_agent(algo).config_for(dict(overrides[algo]))
+    return StudyOptions(workdir, tuple(dataset_list), tuple(algo_list), tuple(pruner_list), tuple(sparsity_list),
+                        tuple(seed_list), steps, eval_every, eval_episodes, prune_batches, prune_batch_size, scope,
+                        overrides)
+
+
+def plan_cells(options: StudyOptions) -> list[Cell]:
+    """Every cell, dataset → algo → seed → (dense, then pruner → sparsity); raises QrlInputError
+    for a plan with no cells (only pruner none without sparsity 0 is still dense)."""
+    pruned = [pruner for pruner in options.pruners if pruner != DENSE]
+    nonzero = [sparsity for sparsity in options.sparsities if sparsity > 0]
+    dense = DENSE in options.pruners or 0.0 in options.sparsities
+    cells = []
+    for dataset in options.datasets:
+        for algo in options.algos:
+            for seed in options.seeds:
+                if dense:
+                    cells.append(Cell(dataset, task_name(dataset), algo, DENSE, 0.0, seed))
+                cells += [Cell(dataset, task_name(dataset), algo, pruner, sparsity, seed)
+                          for pruner in pruned for sparsity in nonzero]
+    if not cells:
+        raise QrlInputError("the study has no cells: give a nonzero sparsity for the pruners, or sparsity 0 for dense")
+    return cells
+
+
+def cell_run(cell: Cell, options: StudyOptions) -> PruneRun:
+    return PruneRun(
+        dataset=cell.dataset, algo=cell.algo, pruner=cell.pruner,
+        settings=PruneSettings(sparsity=cell.sparsity, scope=options.scope), overrides=dict(options.overrides[cell.algo]),
+        prune_batches=options.prune_batches, prune_batch_size=options.prune_batch_size, steps=options.steps,
+        seed=cell.seed, eval_every=options.eval_every, eval_episodes=options.eval_episodes,
+    )
+
+
+def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_prune_offline, progress: bool = True,
+             printer: Callable[[str], None] = print) -> str:
+    """Runs one cell unless its results.json exists: "already done" or "ran". A QrlInputError
+    propagates; any other failure leaves its traceback in `<cell>.error.txt` and is re-raised."""
+    cell_dir = os.path.join(options.workdir, cell.relative_dir)
+    error_path = cell_dir + ".error.txt"
+    if os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
+        return "already done"
+    if os.path.exists(cell_dir):
+        shutil.rmtree(cell_dir)
+    try:
+        runner(cell_run(cell, options), cell_dir, overwrite=False, progress=progress, printer=printer)
+    except QrlInputError:
+        raise
+    except Exception:
+        io.atomic_write_text(error_path, traceback.format_exc())
+        raise
+    if os.path.exists(error_path):
+        os.remove(error_path)
+    return "ran"
+
+
+def study_cells(options: StudyOptions, cells: Sequence[Cell]) -> list[dict]:
+    """The finished cells as `pruning.study_report` records, each with its results and stored masks."""
+    records = []
+    for cell in cells:
+        cell_dir = os.path.join(options.workdir, cell.relative_dir)
+        if not os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
+            continue
+        masks = read_masks(cell_dir) if os.path.exists(os.path.join(cell_dir, MASKS_FILE)) else {}
+        records.append({"task": cell.task, "algo": cell.algo, "pruner": cell.pruner, "sparsity": cell.sparsity,
+                        "seed": cell.seed, "results": io.read_json(os.path.join(cell_dir, RESULTS_FILE)),
+                        "masks": masks})
+    return records
+
+
+def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progress: bool = True,
+              log: Callable[[str], None] = print) -> dict:
+    """Runs the cells not done yet, then writes the report over every finished cell.
+
+    Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels]}.
+    """
+    cells = plan_cells(options)
+    os.makedirs(options.workdir, exist_ok=True)
+    io.atomic_write_json(os.path.join(options.workdir, "study.json"),
+                         {**dataclasses.asdict(options), "cells": [dataclasses.asdict(cell) for cell in cells]})
+    failed = []
+    for index, cell in enumerate(cells, start=1):
+        start = time.perf_counter()
+        try:
+            what = run_cell(cell, options, runner, progress, log)
+        except QrlInputError as error:
+            raise QrlInputError(f"{cell.label}: {error}") from None
+        except Exception as error:
+            reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+            what = f"FAILED: {reason}"
+            failed.append(f"{cell.label} ({reason}; traceback in {os.path.join(options.workdir, cell.relative_dir)}.error.txt)")
+        log(f"[{index}/{len(cells)}] {cell.label}: {what} ({time.perf_counter() - start:.0f} s)")
+    records = study_cells(options, cells)
+    if not records:
+        return {"paths": None, "failed": failed}
+    overlaps = study_report.mask_overlap_table(records)
+    return {"paths": study_report.write_report(options.workdir, records, overlaps, failed), "failed": failed}
+
+
+def run() -> None:
+    options = make_options(
+        FLAGS.workdir, FLAGS.datasets, FLAGS.algos, FLAGS.pruners, FLAGS.sparsities, FLAGS.seeds, FLAGS.steps,
+        FLAGS.eval_every, FLAGS.eval_episodes, FLAGS.prune_batches, FLAGS.prune_batch_size, FLAGS.scope, FLAGS.set,
+    )
+    outcome = run_study(options, progress=FLAGS.progress)
+    if outcome["paths"]:
+        print(f"pruning study report: {outcome['paths']['report.md']}")
+    else:
+        print("no cell finished: no report written", file=sys.stderr)
+    if outcome["failed"]:
+        print(f"{len(outcome['failed'])} cell(s) failed: {'; '.join(outcome['failed'])}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    common.run_entry_point(run)

@@ -1,0 +1,319 @@
+"""The pruning study's report: pure functions over its cells' `results.json` dicts.
+
+A cell record is `{"task", "algo", "pruner", "sparsity", "seed", "results"}` (`results`: what
+`launch.prune_runs.run_prune_offline` wrote) and, for mask overlap, `"masks"`: the run's stored
+masks (`launch.prune_runs.read_masks`). The dense run is pruner "none" at sparsity 0: one row,
+every pruner's sparsity-0 point in the plots.
+
+Per row (task, algo, pruner, sparsity), over seeds: the score (the final evaluation's normalized
+score, or its raw return when any seed has no normalized score) as mean ± population std, IQM
+(rliable's: mean of the middle 50%, `int(n / 4)` values cut at each end; with fewer than 4 seeds
+that cuts nothing and the row says it is the mean) and a 95% percentile bootstrap interval of
+the IQM (seeds resampled with replacement, seeded), kept fraction per network and per layer, and
+the policy's bytes per storage format (means over seeds).
+"""
+
+import math
+import os
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from pruning.masks import mask_overlap
+from qrl import io
+from qrl.errors import QrlInputError
+
+DENSE = "none"
+IQM_MIN_VALUES = 4
+BOOTSTRAP_REPS = 2000
+CONFIDENCE = 0.95
+LAYER_PLOT_SPARSITY = 0.95
+MEMORY_COLUMNS = ("dense fp32", "pytorch_coo fp32", "bitmask fp32", "csr fp32", "bcoo fp32",
+                  "bitmask int8", "csr int8", "bcoo int8")
+
+
+def iqm(values: Sequence[float]) -> float:
+    """Interquartile mean: mean of the sorted values without `int(n / 4)` at each end (the mean
+    when n < 4)."""
+    ordered = np.sort(np.asarray(values, float))
+    if ordered.size == 0:
+        raise QrlInputError("IQM of no values")
+    cut = ordered.size // 4
+    return float(np.mean(ordered[cut:ordered.size - cut]))
+
+
+def bootstrap_interval(values: Sequence[float], reps: int = BOOTSTRAP_REPS, confidence: float = CONFIDENCE,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the IQM: `reps` resamples of the values with replacement."""
+    values = np.asarray(values, float)
+    if values.size == 0:
+        raise QrlInputError("bootstrap interval of no values")
+    draws = np.sort(values[np.random.default_rng(seed).integers(0, values.size, (reps, values.size))], axis=1)
+    cut = values.size // 4
+    stats = draws[:, cut:values.size - cut].mean(axis=1)
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(stats, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _field(cell: Mapping, *keys: str) -> Any:
+    value: Any = cell
+    for depth, key in enumerate(keys):
+        if not isinstance(value, Mapping) or key not in value:
+            raise QrlInputError(f"study cell lacks {'.'.join(keys[:depth + 1])}")
+        value = value[key]
+    return value
+
+
+def _row_key(cell: Mapping) -> tuple:
+    return (str(_field(cell, "task")), str(_field(cell, "algo")), str(_field(cell, "pruner")),
+            float(_field(cell, "sparsity")))
+
+
+def _scores(results: Sequence[Mapping]) -> tuple[str, list[float]]:
+    normalized = [result.get("normalized_score") for result in results]
+    if all(score is not None for score in normalized):
+        return "normalized", [float(score["mean"]) for score in normalized]
+    return "return", [float(_field(result, "final_eval", "mean")) for result in results]
+
+
+def _mean_dicts(dicts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    keys = dict.fromkeys(key for mapping in dicts for key in mapping)
+    return {key: float(np.mean([mapping[key] for mapping in dicts if key in mapping])) for key in keys}
+
+
+def _kept(results: Mapping) -> tuple[dict, dict]:
+    """`({network: kept fraction}, {network: {layer: kept fraction}})`; an unpruned network keeps 1."""
+    kept, layers = {}, {}
+    for network, summary in (results.get("masks") or {}).items():
+        kept[network] = 1.0 if summary is None else float(summary["kept_fraction"])
+        layers[network] = {} if summary is None else dict(summary.get("layers") or {})
+    return kept, layers
+
+
+def _policy_bytes(results: Mapping) -> dict[str, float]:
+    return {f"{row['format']} {row['precision']}": float(row["bytes"]) for row in results.get("policy_memory") or []}
+
+
+def _order(key: tuple, pruners: Mapping[str, int]) -> tuple:
+    task, algo, pruner, sparsity = key
+    return task, algo, (pruner != DENSE, pruners[pruner]), sparsity
+
+
+def gather(cells: Sequence[Mapping]) -> list[dict]:
+    """One row per (task, algo, pruner, sparsity), dense rows first, sparsities ascending."""
+    groups: dict[tuple, list[Mapping]] = {}
+    for cell in cells:
+        groups.setdefault(_row_key(cell), []).append(cell)
+    pruners = {pruner: index for index, pruner in enumerate(dict.fromkeys(key[2] for key in groups))}
+    rows = []
+    for key in sorted(groups, key=lambda key: _order(key, pruners)):
+        group = sorted(groups[key], key=lambda cell: int(_field(cell, "seed")))
+        seeds = [int(cell["seed"]) for cell in group]
+        if len(set(seeds)) != len(seeds):
+            raise QrlInputError(f"two results for the same seed of {' '.join(map(str, key))}")
+        results = [_field(cell, "results") for cell in group]
+        kind, scores = _scores(results)
+        kept = [_kept(result) for result in results]
+        layers = {network: _mean_dicts([layer[network] for _, layer in kept if network in layer])
+                  for network in dict.fromkeys(name for _, layer in kept for name in layer)}
+        policy = _mean_dicts([_policy_bytes(result) for result in results])
+        dense = policy.get("dense fp32")
+        rows.append({
+            "task": key[0], "algo": key[1], "pruner": key[2], "sparsity": key[3], "seeds": seeds,
+            "score_kind": kind, "scores": scores, "score_mean": float(np.mean(scores)),
+            "score_std": float(np.std(scores)), "iqm": iqm(scores), "iqm_ci": list(bootstrap_interval(scores)),
+            "iqm_note": None if len(scores) >= IQM_MIN_VALUES else f"{len(scores)} seed(s) < {IQM_MIN_VALUES}: IQM is the mean",
+            "kept_fraction": _mean_dicts([network for network, _ in kept]), "layers": layers,
+            "policy_bytes": policy,
+            "policy_vs_dense_fp32": {name: value / dense for name, value in policy.items()} if dense else {},
+        })
+    return rows
+
+
+def sparsity_label(sparsity: float) -> str:
+    """0 -> "0", 0.95 -> ".95"."""
+    return "0" if sparsity == 0 else f"{sparsity:g}".removeprefix("0")
+
+
+def _pair_rows(rows: Sequence[Mapping], task: str, algo: str) -> list[Mapping]:
+    return [row for row in rows if (row["task"], row["algo"]) == (task, algo)]
+
+
+def score_vs_sparsity_plot(rows: Sequence[Mapping], task: str, algo: str, path: Optional[str] = None) -> Figure:
+    """Score mean ± std vs sparsity (evenly spaced labels), one line per pruner starting at the
+    dense point; the dense score as a dotted horizontal reference."""
+    pair = _pair_rows(rows, task, algo)
+    if not pair:
+        raise QrlInputError(f"no study rows for {algo} on {task}")
+    sparsities = sorted({row["sparsity"] for row in pair} | {0.0})
+    position = {sparsity: index for index, sparsity in enumerate(sparsities)}
+    dense = next((row for row in pair if row["pruner"] == DENSE), None)
+    figure = Figure(figsize=(6.0, 4.0))
+    axis = figure.add_subplot()
+    if dense is not None:
+        axis.axhline(dense["score_mean"], color="0.3", linestyle=":", label="dense")
+    for index, pruner in enumerate(dict.fromkeys(row["pruner"] for row in pair if row["pruner"] != DENSE)):
+        points = ([dense] if dense is not None else []) + [row for row in pair if row["pruner"] == pruner]
+        x = np.asarray([position[row["sparsity"]] for row in points])
+        mean = np.asarray([row["score_mean"] for row in points])
+        std = np.asarray([row["score_std"] for row in points])
+        axis.plot(x, mean, marker="o", color=f"C{index}", label=pruner)
+        axis.fill_between(x, mean - std, mean + std, color=f"C{index}", alpha=0.2)
+    axis.set_xticks(range(len(sparsities)), [sparsity_label(sparsity) for sparsity in sparsities])
+    axis.set_xlabel("sparsity")
+    axis.set_ylabel("normalized score" if pair[0]["score_kind"] == "normalized" else "return")
+    axis.set_title(f"{algo} on {task}", fontsize=10)
+    return io.finish_plot(figure, axis, path)
+
+
+def layer_plot_sparsity(rows: Sequence[Mapping], task: str, algo: str) -> Optional[float]:
+    """The sparsity the layer plot shows: 0.95 if pruned there, else the highest pruned one."""
+    pruned = sorted({row["sparsity"] for row in _pair_rows(rows, task, algo) if row["pruner"] != DENSE})
+    if not pruned:
+        return None
+    return LAYER_PLOT_SPARSITY if LAYER_PLOT_SPARSITY in pruned else pruned[-1]
+
+
+def layer_kept_plot(rows: Sequence[Mapping], task: str, algo: str, path: Optional[str] = None,
+                    sparsity: Optional[float] = None) -> Figure:
+    """Kept fraction per layer (every network's prunable layers), one bar per pruner, at
+    `sparsity` (default `layer_plot_sparsity`)."""
+    sparsity = layer_plot_sparsity(rows, task, algo) if sparsity is None else sparsity
+    chosen = [row for row in _pair_rows(rows, task, algo) if row["pruner"] != DENSE and row["sparsity"] == sparsity]
+    if not chosen:
+        raise QrlInputError(f"no pruned study rows for {algo} on {task} at sparsity {sparsity}")
+    layers = list(dict.fromkeys((network, layer) for row in chosen for network, kept in row["layers"].items()
+                                for layer in kept))
+    figure = Figure(figsize=(max(6.0, 0.8 * len(layers)), 4.0))
+    axis = figure.add_subplot()
+    width = 0.8 / len(chosen)
+    for index, row in enumerate(chosen):
+        heights = [row["layers"].get(network, {}).get(layer, math.nan) for network, layer in layers]
+        axis.bar(np.arange(len(layers)) + (index - (len(chosen) - 1) / 2) * width, heights, width,
+                 color=f"C{index}", label=row["pruner"])
+    axis.set_xticks(range(len(layers)), [f"{network}/{layer}" for network, layer in layers], rotation=30,
+                    ha="right", fontsize=7)
+    axis.set_ylabel("kept fraction")
+    axis.set_title(f"layerwise kept fraction: {algo} on {task} at sparsity {sparsity_label(sparsity)}", fontsize=10)
+    return io.finish_plot(figure, axis, path)
+
+
+def _network_overlaps(masks_a: Mapping, masks_b: Mapping) -> dict[str, float]:
+    return {network: mask_overlap(masks_a[network], masks_b[network])
+            for network in masks_a if network in masks_b}
+
+
+def mask_overlap_table(cells: Sequence[Mapping]) -> list[dict]:
+    """Jaccard overlap of kept weights between every two pruners with masks at the same task,
+    algo, sparsity and seed, per network, averaged over the seeds both have.
+
+    Each cell: `{"task", "algo", "pruner", "sparsity", "seed", "masks": {network: stored mask}}`.
+    """
+    groups: dict[tuple, dict[str, Mapping]] = {}
+    for cell in cells:
+        if cell.get("masks"):
+            task, algo, pruner, sparsity = _row_key(cell)
+            groups.setdefault((task, algo, sparsity, int(_field(cell, "seed"))), {})[pruner] = cell["masks"]
+    pairs: dict[tuple, dict[str, list[float]]] = {}
+    for (task, algo, sparsity, _), by_pruner in groups.items():
+        names = list(by_pruner)
+        for first, name_a in enumerate(names):
+            for name_b in names[first + 1:]:
+                for network, value in _network_overlaps(by_pruner[name_a], by_pruner[name_b]).items():
+                    pairs.setdefault((task, algo, sparsity, name_a, name_b), {}).setdefault(network, []).append(value)
+    return [{"task": task, "algo": algo, "sparsity": sparsity, "pruner_a": name_a, "pruner_b": name_b,
+             "network": network, "overlap": float(np.mean(values)), "seeds": len(values)}
+            for (task, algo, sparsity, name_a, name_b), networks in sorted(pairs.items())
+            for network, values in networks.items()]
+
+
+def memory_table(rows: Sequence[Mapping]) -> list[dict]:
+    """Per row: the policy's bytes in every format and precision, and the ratio to dense fp32."""
+    return [{"task": row["task"], "algo": row["algo"], "pruner": row["pruner"], "sparsity": row["sparsity"],
+             "bytes": dict(row["policy_bytes"]), "vs_dense_fp32": dict(row["policy_vs_dense_fp32"])}
+            for row in rows if row["policy_bytes"]]
+
+
+def _markdown(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                      *("| " + " | ".join(line) + " |" for line in lines)])
+
+
+def _pruner_label(pruner: str) -> str:
+    return "dense" if pruner == DENSE else pruner
+
+
+def score_markdown(rows: Sequence[Mapping]) -> str:
+    header = ["task", "algo", "pruner", "sparsity", "seeds", "score", "mean ± std", "IQM [95% CI]", "kept fraction"]
+    return _markdown(header, [[
+        row["task"], row["algo"], _pruner_label(row["pruner"]), f"{row['sparsity']:g}", str(len(row["seeds"])),
+        row["score_kind"], f"{row['score_mean']:.1f} ± {row['score_std']:.1f}",
+        f"{row['iqm']:.1f} [{row['iqm_ci'][0]:.1f}, {row['iqm_ci'][1]:.1f}]" + ("*" if row["iqm_note"] else ""),
+        ", ".join(f"{network} {kept:.3f}" for network, kept in row["kept_fraction"].items()),
+    ] for row in rows])
+
+
+def memory_markdown(memory: Sequence[Mapping]) -> str:
+    columns = list(dict.fromkeys([*MEMORY_COLUMNS, *(name for row in memory for name in row["bytes"])]))
+    columns = [name for name in columns if any(name in row["bytes"] for row in memory)]
+
+    def cell(row: Mapping, name: str) -> str:
+        if name not in row["bytes"]:
+            return "–"
+        ratio = row["vs_dense_fp32"].get(name)
+        return f"{row['bytes'][name]:,.0f}" + ("" if ratio is None else f" ({ratio:.3f}×)")
+
+    return _markdown(["task", "algo", "pruner", "sparsity", *columns], [
+        [row["task"], row["algo"], _pruner_label(row["pruner"]), f"{row['sparsity']:g}",
+         *(cell(row, name) for name in columns)] for row in memory])
+
+
+def overlap_markdown(overlaps: Sequence[Mapping]) -> str:
+    return _markdown(["task", "algo", "sparsity", "pruners", "network", "Jaccard overlap", "seeds"], [
+        [row["task"], row["algo"], f"{row['sparsity']:g}", f"{row['pruner_a']} vs {row['pruner_b']}",
+         row["network"], f"{row['overlap']:.3f}", str(row["seeds"])] for row in overlaps])
+
+
+def _slug(*parts: str) -> str:
+    return "_".join(parts).replace(":", "_").replace("/", "_")
+
+
+def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Mapping],
+                 failed: Sequence[str] = ()) -> dict:
+    """Writes `report.md`, `summary.json` and `plots/*.png` into `study_dir`; returns their paths.
+    `overlaps`: `mask_overlap_table`'s rows; `failed`: cells without results, named in the report."""
+    rows = gather(cells)
+    memory = memory_table(rows)
+    paths = {"report.md": os.path.join(study_dir, "report.md"), "summary.json": os.path.join(study_dir, "summary.json")}
+    sections = []
+    for task, algo in dict.fromkeys((row["task"], row["algo"]) for row in rows):
+        name = f"score_vs_sparsity_{_slug(task, algo)}"
+        paths[name] = os.path.join(study_dir, "plots", f"{name}.png")
+        score_vs_sparsity_plot(rows, task, algo, paths[name])
+        sections += [f"## {algo} on {task}", "", f"![{name}](plots/{name}.png)", ""]
+        sparsity = layer_plot_sparsity(rows, task, algo)
+        if sparsity is not None:
+            name = f"layer_kept_{_slug(task, algo)}"
+            paths[name] = os.path.join(study_dir, "plots", f"{name}.png")
+            layer_kept_plot(rows, task, algo, paths[name], sparsity)
+            sections += [f"Layerwise kept fraction at sparsity {sparsity:g}:", "", f"![{name}](plots/{name}.png)", ""]
+    report = [
+        "# Pruning study", "",
+        "Score: the final evaluation's normalized score (raw return where the dataset has no reference returns), "
+        "mean ± population std over seeds. IQM: mean of the middle 50% of seeds, with a 95% percentile bootstrap "
+        f"interval ({BOOTSTRAP_REPS} resamples of the seeds); * marks rows with fewer than {IQM_MIN_VALUES} seeds, "
+        "where the IQM is the mean. Dense: pruner none at sparsity 0, every pruner's sparsity-0 point.", "",
+        "## Scores", "", score_markdown(rows), "",
+        "## Policy memory (bytes, × dense fp32)", "", memory_markdown(memory) if memory else "No memory accounting.", "",
+        "## Mask overlap between pruners (Jaccard of kept weights, mean over seeds)", "",
+        overlap_markdown(overlaps) if overlaps else "No two pruners with masks at the same task, algo, sparsity and seed.",
+        "", *sections,
+    ]
+    if failed:
+        report += ["## Cells without results", "", *[f"- {cell}" for cell in failed], ""]
+    io.atomic_write_json(paths["summary.json"], {"rows": rows, "memory": memory, "overlaps": list(overlaps),
+                                                 "failed": list(failed)})
+    io.atomic_write_text(paths["report.md"], "\n".join(report))
+    return paths

@@ -1,0 +1,207 @@
+"""The pruning study: `launch.prune_study` (cells, resume, failures, bad input) and
+`pruning.study_report` (IQM, bootstrap, rows, mask overlap, report)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from launch import prune_study
+from launch.prune_runs import run_prune_offline
+from pruning import study_report
+from qrl.datasets import collect
+from qrl.datasets.writers import write_d4rl_hdf5
+from qrl.errors import QrlInputError
+from tests.test_bc import ENV_ID, swing_up
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(algos="bc", pruners="snip,grasp", sparsities="0,0.9", seeds="0", steps=30, eval_every=0,
+            eval_episodes=1, prune_batch_size=64, sets=["bc.hidden_sizes=32-32", "bc.batch_size=32"])
+
+
+@pytest.fixture(scope="module")
+def dataset_file(tmp_path_factory):
+    """1,000 noisy swing-up steps on Pendulum in D4RL format, with reference returns."""
+    act = lambda params, observations, normal: jnp.clip(swing_up(observations) + 0.5 * normal, -2.0, 2.0)
+    steps, stats = collect.collect_steps(ENV_ID, act, None, 1000, seed=0)
+    path = tmp_path_factory.mktemp("data") / "pendulum-swingup.hdf5"
+    write_d4rl_hdf5(path, steps, {"env_id": ENV_ID, "ref_min_score": -1400.0,
+                                  "ref_max_score": float(np.mean(stats["episode_returns"]))})
+    return str(path)
+
+
+class Counting:
+    """A runner that records the cells it runs (by workdir) and delegates to `run_prune_offline`."""
+
+    def __init__(self, fail_pruner=None, error=RuntimeError):
+        self.dirs, self.fail_pruner, self.error = [], fail_pruner, error
+
+    def __call__(self, run, workdir, **options):
+        self.dirs.append(workdir)
+        if run.pruner == self.fail_pruner:
+            raise self.error(f"{run.pruner} broke")
+        return run_prune_offline(run, workdir, **options)
+
+
+def test_tiny_study_runs_end_to_end_then_resumes(dataset_file, tmp_path):
+    workdir = tmp_path / "study"
+    options = prune_study.make_options(str(workdir), dataset_file, **TINY)
+    runner, lines = Counting(), []
+    outcome = prune_study.run_study(options, runner=runner, progress=False, log=lines.append)
+    assert outcome["failed"] == [] and len(runner.dirs) == 3
+    cells = workdir / "cells" / "pendulum-swingup" / "bc"
+    for relative in ("none/s0/seed0", "snip/s0.9/seed0", "grasp/s0.9/seed0"):
+        assert (cells / relative / "results.json").is_file(), relative
+    report = (workdir / "report.md").read_text()
+    assert "| pendulum-swingup | bc | dense | 0 | 1 | normalized |" in report
+    assert "| pendulum-swingup | bc | snip | 0.9 | 1 | normalized |" in report
+    assert "## Policy memory" in report and "csr int8" in report
+    assert "| pendulum-swingup | bc | 0.9 | snip vs grasp | actor |" in report
+    for name in ("score_vs_sparsity_pendulum-swingup_bc", "layer_kept_pendulum-swingup_bc"):
+        assert (workdir / "plots" / f"{name}.png").stat().st_size > 0 and f"plots/{name}.png" in report
+    summary = json.loads((workdir / "summary.json").read_text())
+    rows = {(row["pruner"], row["sparsity"]): row for row in summary["rows"]}
+    assert set(rows) == {("none", 0.0), ("snip", 0.9), ("grasp", 0.9)}
+    assert rows[("none", 0.0)]["kept_fraction"] == {"actor": 1.0}
+    assert rows[("snip", 0.9)]["kept_fraction"]["actor"] == pytest.approx(0.1, abs=0.01)
+    assert rows[("snip", 0.9)]["policy_vs_dense_fp32"]["csr int8"] < 0.2
+
+    again = Counting()
+    assert prune_study.run_study(options, runner=again, progress=False, log=lines.append)["failed"] == []
+    assert again.dirs == [] and lines[-1].startswith("[3/3]") and "already done" in lines[-1]
+    os.remove(cells / "snip/s0.9/seed0/results.json")
+    rerun = Counting()
+    prune_study.run_study(options, runner=rerun, progress=False, log=lines.append)
+    assert rerun.dirs == [str(cells / "snip/s0.9/seed0")] and (cells / "snip/s0.9/seed0/results.json").is_file()
+
+    # A crashing cell is recorded and the study goes on; bad input in a cell stops it.
+    os.remove(cells / "grasp/s0.9/seed0/results.json")
+    outcome = prune_study.run_study(options, runner=Counting(fail_pruner="grasp"), progress=False, log=lines.append)
+    assert len(outcome["failed"]) == 1 and "RuntimeError: grasp broke" in outcome["failed"][0]
+    assert "RuntimeError: grasp broke" in (cells / "grasp/s0.9/seed0.error.txt").read_text()
+    assert "## Cells without results" in (workdir / "report.md").read_text()
+    with pytest.raises(QrlInputError, match="grasp s0.9 seed 0: grasp broke"):
+        prune_study.run_study(options, runner=Counting("grasp", QrlInputError), progress=False, log=lines.append)
+
+
+def test_dense_runs_once_per_seed_and_is_shared_by_every_pruner(tmp_path):
+    dataset = tmp_path / "hopper-medium.hdf5"
+    dataset.write_bytes(b"")
+    options = prune_study.make_options(str(tmp_path / "study"), str(dataset), "bc", "none,snip,grasp", "0.9,0,0.5",
+                                       "0,1")
+    cells = prune_study.plan_cells(options)
+    assert [(cell.pruner, cell.sparsity) for cell in cells if cell.seed == 0] == [
+        ("none", 0.0), ("snip", 0.5), ("snip", 0.9), ("grasp", 0.5), ("grasp", 0.9)]
+    assert len(cells) == 10 and cells[0].relative_dir == os.path.join("cells", "hopper-medium", "bc", "none", "s0", "seed0")
+    bad = [
+        (dict(algos="cql"), "unknown offline algorithm 'cql'"),
+        (dict(pruners="snip,snap"), "unknown pruner 'snap'"),
+        (dict(sparsities="0,1"), "sparsity must be in [0, 1), got 1.0"),
+        (dict(sparsities="0,half"), "--sparsities takes comma-separated numbers"),
+        (dict(seeds="0,x"), "--seeds takes comma-separated integers"),
+        (dict(sets=["td3_bc.hidden_sizes=8"]), "not in --agents"),
+        (dict(steps=0), "--steps must be >= 1"),
+    ]
+    for change, message in bad:
+        arguments = {"algos": "bc", "pruners": "snip", "sparsities": "0.9", "seeds": "0", **change}
+        with pytest.raises(QrlInputError, match=re.escape(message)):
+            prune_study.make_options(str(tmp_path / "bad"), str(dataset), **arguments)
+    with pytest.raises(QrlInputError, match="no such dataset"):
+        prune_study.make_options(str(tmp_path / "bad"), str(tmp_path / "missing.hdf5"), "bc", "snip", "0.9", "0")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_cli_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
+    dataset = tmp_path / "pendulum.hdf5"
+    dataset.write_bytes(b"")
+    for flags, message in [([f"--datasets={tmp_path / 'missing.hdf5'}"], "no such dataset"),
+                           ([f"--datasets={dataset}", "--pruners=snip,snap"], "unknown pruner 'snap'")]:
+        result = subprocess.run([sys.executable, "-m", "launch.prune_study", f"--workdir={tmp_path / 'study'}", *flags],
+                                cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO},
+                                timeout=300)
+        assert result.returncode == 2, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
+    assert not (tmp_path / "study").exists()
+
+
+def test_iqm_and_bootstrap_by_hand():
+    assert study_report.iqm([100.0, 1.0, 3.0, 2.0, 4.0]) == 3.0  # cut 1 at each end: mean of 2, 3, 4
+    assert study_report.iqm([4.0, 1.0, 3.0, 2.0]) == 2.5
+    assert study_report.iqm([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 80.0]) == 4.5  # cut 2: mean of 3..6
+    assert study_report.iqm([1.0, 2.0, 10.0]) == pytest.approx(13.0 / 3.0)  # fewer than 4: the mean
+    assert study_report.bootstrap_interval([5.0, 5.0, 5.0]) == (5.0, 5.0)
+    # Means of two draws from {0, 10}: 0 (1/4), 5 (1/2), 10 (1/4) -> the 2.5% and 97.5% points are 0 and 10.
+    assert study_report.bootstrap_interval([0.0, 10.0]) == (0.0, 10.0)
+    values = [1.0, 2.0, 3.0, 4.0, 100.0]
+    low, high = study_report.bootstrap_interval(values, seed=3)
+    assert (low, high) == study_report.bootstrap_interval(values, seed=3) and 1.0 <= low <= 3.0 <= high <= 100.0
+
+
+def _results(score, kept=None, layers=None, csr_int8=100.0, final_return=-500.0):
+    masks = {"actor": None if kept is None else {"kept_fraction": kept, "layers": layers or {}}}
+    memory = [{"format": "dense", "precision": "fp32", "bytes": 1000.0},
+              {"format": "csr", "precision": "int8", "bytes": csr_int8}]
+    return {"normalized_score": None if score is None else {"mean": score, "std": 0.0},
+            "final_eval": {"mean": final_return, "std": 0.0}, "masks": masks, "policy_memory": memory}
+
+
+def _cell(pruner, sparsity, seed, results, task="pendulum", masks=None):
+    return {"task": task, "algo": "bc", "pruner": pruner, "sparsity": sparsity, "seed": seed, "results": results,
+            "masks": masks or {}}
+
+
+def test_gather_rows_by_hand():
+    cells = [_cell("snip", 0.9, seed, _results(score, 0.1 + 0.02 * (seed % 2), {"head/kernel": 0.2 + 0.2 * seed},
+                                                csr_int8=100.0 + 2 * seed))
+             for seed, score in enumerate([30.0, 10.0, 100.0, 20.0])]
+    cells += [_cell("none", 0.0, seed, _results(score)) for seed, score in zip([2, 0, 1], [70.0, 50.0, 60.0])]
+    cells += [_cell("none", 0.0, 0, _results(None, final_return=-300.0), task="raw"),
+              _cell("none", 0.0, 1, _results(None, final_return=-100.0), task="raw")]
+    rows = study_report.gather(cells)
+    assert [(row["task"], row["pruner"]) for row in rows] == [("pendulum", "none"), ("pendulum", "snip"), ("raw", "none")]
+    dense, snip, raw = rows
+    assert dense["seeds"] == [0, 1, 2] and dense["scores"] == [50.0, 60.0, 70.0]
+    assert dense["score_mean"] == 60.0 and dense["score_std"] == pytest.approx(np.sqrt(200.0 / 3.0))
+    assert dense["iqm"] == 60.0 and dense["iqm_note"] == "3 seed(s) < 4: IQM is the mean"
+    assert dense["kept_fraction"] == {"actor": 1.0} and dense["layers"] == {"actor": {}}
+    assert snip["score_mean"] == 40.0 and snip["score_std"] == pytest.approx(np.sqrt(1250.0))
+    assert snip["iqm"] == 25.0 and snip["iqm_note"] is None
+    assert snip["iqm_ci"][0] <= 25.0 <= snip["iqm_ci"][1]
+    assert snip["kept_fraction"]["actor"] == pytest.approx(0.11) and snip["layers"]["actor"]["head/kernel"] == pytest.approx(0.5)
+    assert snip["policy_bytes"] == {"dense fp32": 1000.0, "csr int8": 103.0}
+    assert snip["policy_vs_dense_fp32"]["csr int8"] == pytest.approx(0.103)
+    assert raw["score_kind"] == "return" and raw["score_mean"] == -200.0 and raw["score_std"] == 100.0
+    memory = study_report.memory_table(rows)
+    assert memory[1]["bytes"]["csr int8"] == 103.0 and memory[1]["sparsity"] == 0.9
+    assert "| pendulum | bc | dense | 0 | 3 | normalized | 60.0 ± 8.2 | 60.0 [" in study_report.score_markdown(rows)
+    assert "| pendulum | bc | snip | 0.9 | 1,000 (1.000×) | 103 (0.103×) |" in study_report.memory_markdown(memory)
+    with pytest.raises(QrlInputError, match="same seed"):
+        study_report.gather(cells + [_cell("none", 0.0, 0, _results(1.0))])
+
+
+def _stored(*kept):
+    return {"torso": {"dense_0": {"kernel": np.asarray(kept, np.uint8).reshape(2, 2)}}}
+
+
+def test_mask_overlap_table_identical_disjoint_and_partial():
+    a, b = _stored(1, 1, 0, 0), _stored(0, 1, 1, 0)
+    cells = [
+        _cell("snip", 0.5, 0, {}, masks={"actor": a, "critic": a}),
+        _cell("grasp", 0.5, 0, {}, masks={"actor": a, "critic": _stored(0, 0, 1, 1)}),
+        _cell("random", 0.5, 0, {}, masks={"actor": b}),
+        _cell("snip", 0.5, 1, {}, masks={"actor": a}),
+        _cell("random", 0.5, 1, {}, masks={"actor": a}),
+        _cell("none", 0.0, 0, {}, masks={}),
+    ]
+    table = {(row["pruner_a"], row["pruner_b"], row["network"]): (row["overlap"], row["seeds"])
+             for row in study_report.mask_overlap_table(cells)}
+    assert table[("snip", "grasp", "actor")] == (1.0, 1)
+    assert table[("snip", "grasp", "critic")] == (0.0, 1)
+    assert table[("snip", "random", "actor")] == (pytest.approx((1.0 / 3.0 + 1.0) / 2.0), 2)
+    assert table[("grasp", "random", "actor")] == (pytest.approx(1.0 / 3.0), 1)
+    assert len(table) == 4
