@@ -52,7 +52,9 @@ from pruning.scorers import (
     prunable_leaves,
     random_masks,
     snip_scores,
+    synflow_layer_outputs,
     synflow_masks,
+    synflow_own_flow,
 )
 
 __all__ = [
@@ -89,5 +91,7 @@ __all__ = [
     "prunable_leaves",
     "random_masks",
     "snip_scores",
+    "synflow_layer_outputs",
     "synflow_masks",
+    "synflow_own_flow",
 ]

@@ -171,6 +171,23 @@ def _check_mask_options(mask_options: dict, pruner: str) -> dict:
     return mask_options
 
 
+def synflow_own_flow(flow: jax.Array) -> jax.Array:
+    """`flow / flow` elementwise with the denominator held constant (1 where `flow <= 0`): for a
+    SynFlow `apply_fn` over independent sub-networks (a VAE's encoder and decoder, each critic of a
+    stacked pair), each adds 1 to the objective, so its weights are scored against its own flow and
+    iterative SynFlow does not let the weaker network of a pair starve."""
+    return flow / jax.lax.stop_gradient(jnp.where(flow > 0, flow, 1.0))
+
+
+def synflow_layer_outputs(module, params: Params, names: Sequence[str], *inputs) -> list:
+    """The outputs of flax `module`'s layers `names` on `inputs` (`module.apply({"params": params},
+    *inputs)`), read before the tanh or clip that follows them: under SynFlow's all-ones inputs and
+    absolute weights a saturated head has no gradient, and every score would be 0."""
+    _, state = module.apply({"params": params}, *inputs, mutable=["intermediates"],
+                            capture_intermediates=lambda layer, _: layer.name in names)
+    return [state["intermediates"][name]["__call__"][0] for name in names]
+
+
 def synflow_masks(
     apply_fn: Callable[[Params, jax.Array], Any],
     params: Params,

@@ -12,7 +12,7 @@ import pytest
 import agents
 from agents import bcq
 from agents.bcq import learning
-from pruning import leaf_paths, random_masks, snip_scores
+from pruning import PruneSettings, leaf_paths, prunable_count, prune_networks, random_masks, snip_scores
 from qrl import offline
 from qrl.checkpointing import Checkpointer
 from qrl.errors import QrlInputError
@@ -20,6 +20,7 @@ from qrl.evaluation import evaluate
 from qrl.networks.continuous import scale_actions
 from qrl.replay import Transition
 from tests.test_bc import ACTION_NOISE, _swing_up_data
+from tests.test_td3_bc import check_synflow_masks
 
 ENV_ID = "gym:Pendulum-v1"
 BOUNDS = ((-2.0,), (2.0,))
@@ -175,6 +176,22 @@ def test_scoring_losses_are_deterministic_and_take_the_temperature():
     target = losses["critic"](state.critic_params, BATCH, 1.0) - np.sum(np.mean(np.square(q), axis=1))
     assert float(target) != 0.0  # the TD targets are not zero: the loss is not just sum(Q^2).
 
+
+def test_synflow_prunes_every_network_to_the_exact_count_without_layer_collapse():
+    config = bcq.config_for(SMALL)
+    state = learning.init(jax.random.PRNGKey(0), config, 2, BOUNDS)
+    networks, synflow_inputs = learning.networks_at_init(state), learning.synflow_inputs(config, BOUNDS, 2)
+    # vae: observations 2, actions 1, latents 2; actor and critics: observations 2, actions 1.
+    assert {name: shape for name, (_, shape) in synflow_inputs.items()} == {"vae": (1, 5), "actor": (1, 3),
+                                                                            "critic": (1, 3)}
+    masks = prune_networks("synflow", networks, learning.scoring_losses(config, BOUNDS, state), [BATCH],
+                           PruneSettings(sparsity=0.9, min_kept_per_layer=0), key=jax.random.PRNGKey(1),
+                           synflow_inputs=synflow_inputs)
+    check_synflow_masks(networks, synflow_inputs, masks)
+    vae = masks["vae"]
+    for part in ("encoder", "decoder"):  # each half of the VAE keeps about its share, neither starves
+        share = sum(int(np.sum(kept)) for kept in jax.tree.leaves(vae[part])) / prunable_count(vae[part])
+        assert 0.05 < share < 0.2, (part, share)
 
 def test_policy_picks_the_best_candidate_deterministically_within_bounds():
     config = bcq.config_for({**SMALL, "acting_samples": 7})

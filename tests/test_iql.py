@@ -11,7 +11,7 @@ import pytest
 import agents
 from agents import iql
 from agents.iql import learning
-from pruning import prunable_leaves, random_masks
+from pruning import PruneSettings, prunable_leaves, prune_networks, random_masks
 from qrl import offline
 from qrl.checkpointing import Checkpointer
 from qrl.datasets import Dataset
@@ -19,6 +19,7 @@ from qrl.errors import QrlInputError
 from qrl.evaluation import evaluate
 from qrl.replay import Transition
 from tests.test_bc import ACTION_NOISE, ENV_ID, _swing_up_data
+from tests.test_td3_bc import check_synflow_masks
 
 MIN_NORMALIZED_SCORE = 70.0  # IQL must recover 70% of the data policy's return above random.
 BOUNDS = ((-2.0,), (2.0,))
@@ -115,6 +116,18 @@ def test_scoring_losses_keys_and_temperature():
         assert np.isfinite(at_one) and abs(at_one - at_two) > 1e-4, name
         assert any(np.any(leaf != 0) for leaf in jax.tree.leaves(jax.grad(loss_fn)(params[name], batch, 1.0))), name
 
+
+def test_synflow_prunes_every_network_to_the_exact_count_without_layer_collapse():
+    config = iql.config_for({"hidden_sizes": "16-16", "actor_lr_decay_steps": 10})
+    state = learning.init(jax.random.PRNGKey(0), config, 3, BOUNDS)
+    networks, synflow_inputs = learning.networks_at_init(state), learning.synflow_inputs(config, BOUNDS, 3)
+    shapes = {name: shape for name, (_, shape) in synflow_inputs.items()}
+    assert shapes == {"actor": (1, 3), "critic": (1, 4), "value": (1, 3)}
+    masks = prune_networks("synflow", networks, learning.scoring_losses(config, BOUNDS, state),
+                           [_batch(jax.random.PRNGKey(1))], PruneSettings(sparsity=0.9, min_kept_per_layer=0),
+                           key=jax.random.PRNGKey(1), synflow_inputs=synflow_inputs)
+    assert masks["actor"]["log_std"] is None  # a parameter, not a layer: never pruned.
+    check_synflow_masks(networks, synflow_inputs, masks)
 
 def test_reward_scale_from_trajectories():
     # Two trajectories split where next_observation[i] != observation[i + 1]; a third after a terminal.

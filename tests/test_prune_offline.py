@@ -157,6 +157,26 @@ def test_every_network_of_multi_network_agents_is_pruned_and_trained(dataset_fil
     assert results["policy_networks"] == ["actor"]
 
 
+@pytest.mark.parametrize("algo, overrides", [
+    ("td3_bc", {"hidden_sizes": "32-32", "batch_size": 32}),
+    ("iql", {"hidden_sizes": "32-32", "batch_size": 32}),
+    ("bcq", {"vae_hidden_sizes": "32-32", "actor_hidden_sizes": "16-16", "critic_hidden_sizes": "16-16",
+             "batch_size": 32, "acting_samples": 4}),
+])
+def test_synflow_prunes_every_network_of_multi_network_agents(dataset_file, tmp_path, algo, overrides):
+    from agents import get_offline_agent
+    from launch.prune_runs import PruneRun, run_prune_offline
+
+    run = PruneRun(dataset=dataset_file, algo=algo, pruner="synflow", settings=PruneSettings(sparsity=0.9),
+                   overrides=overrides, steps=20, eval_every=0, eval_episodes=1)
+    results = run_prune_offline(run, str(tmp_path / algo), progress=False, printer=lambda line: None)
+    networks = get_offline_agent(algo).learning.NETWORKS
+    assert set(results["masks"]) == set(networks)
+    for name in networks:
+        assert results["masks"][name]["kept_fraction"] == pytest.approx(0.1, abs=0.005), name
+        assert min(results["masks"][name]["layers"].values()) > 0, name
+    assert results["updates"] == 20 and np.isfinite(results["final_eval"]["mean"])
+
 def test_bcq_prunes_every_network_and_accounts_the_networks_it_acts_with(dataset_file, tmp_path):
     from launch.prune_runs import PruneRun, run_prune_offline
 

@@ -11,7 +11,16 @@ import pytest
 import agents
 from agents import td3_bc
 from agents.td3_bc import learning
-from pruning import leaf_paths, prunable_leaves, random_masks, snip_scores
+from pruning import (
+    PruneSettings,
+    kept_count,
+    leaf_paths,
+    prunable_count,
+    prunable_leaves,
+    prune_networks,
+    random_masks,
+    snip_scores,
+)
 from qrl import offline
 from qrl.checkpointing import Checkpointer
 from qrl.errors import QrlInputError
@@ -144,6 +153,39 @@ def test_scoring_losses_keys_and_temperature():
         assert leaf_paths(scores) == leaf_paths(networks[name])
         assert all(np.all(np.isfinite(leaf)) for leaf in jax.tree.leaves(scores))
 
+
+def check_synflow_masks(networks, synflow_inputs, masks, stacked=("critic",), sparsity=0.9):
+    """Each network keeps exactly `round((1 - sparsity) * n)` weights; no prunable leaf (and no
+    critic of a `stacked` network's `[C, ...]` leaves) is fully pruned; every prunable weight has
+    a positive synaptic-flow gradient at `|params|` on the network's all-ones input."""
+    assert set(masks) == set(networks) == set(synflow_inputs)
+    for name, params in networks.items():
+        mask = masks[name]
+        assert kept_count(mask) == round((1 - sparsity) * prunable_count(mask)), name
+        apply_fn, input_shape = synflow_inputs[name]
+        flow = lambda p: sum(jnp.sum(out) for out in jax.tree.leaves(apply_fn(p, jnp.ones(input_shape))))
+        gradient = jax.grad(flow)(jax.tree.map(jnp.abs, params))
+        kept_leaves = jax.tree_util.tree_flatten_with_path(mask, is_leaf=lambda node: node is None)[0]
+        for (path, kept), grad in zip(kept_leaves, jax.tree.leaves(gradient), strict=True):
+            if kept is None:
+                continue
+            where = f"{name}{jax.tree_util.keystr(path)}"
+            assert np.all(np.asarray(grad) > 0), where
+            kept = np.asarray(kept)
+            assert kept.any(), where
+            if name in stacked:
+                assert kept.reshape(kept.shape[0], -1).any(axis=1).all(), where
+
+
+def test_synflow_prunes_every_network_to_the_exact_count_without_layer_collapse():
+    config = td3_bc.config_for({"hidden_sizes": "16-16"})
+    state = learning.init(jax.random.PRNGKey(0), config, 2, BOUNDS)
+    networks, synflow_inputs = learning.networks_at_init(state), learning.synflow_inputs(config, BOUNDS, 2)
+    assert {name: shape for name, (_, shape) in synflow_inputs.items()} == {"actor": (1, 2), "critic": (1, 3)}
+    masks = prune_networks("synflow", networks, learning.scoring_losses(config, BOUNDS, state), [BATCH],
+                           PruneSettings(sparsity=0.9, min_kept_per_layer=0), key=jax.random.PRNGKey(1),
+                           synflow_inputs=synflow_inputs)
+    check_synflow_masks(networks, synflow_inputs, masks)
 
 def test_fused_updates_equal_sequential_updates():
     config = td3_bc.config_for({"hidden_sizes": "16-16"})

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import optax
 
 from agents.bcq.config import LOG_STD_MAX, LOG_STD_MIN, Config
-from pruning import apply_mask, check_mask, masked, polyak_masked
+from pruning import apply_mask, check_mask, masked, polyak_masked, synflow_layer_outputs, synflow_own_flow
 from qrl import offline, offpolicy
 from qrl.networks.continuous import CriticEnsemble, TrainingMLP, compute_params, dense, scale_actions, unscale_actions
 from qrl.quant import FP32, Precision, parse_precision
@@ -280,6 +280,39 @@ def scoring_losses(config: Config, bounds, state: TrainState) -> dict:
                                   temperature)
 
     return {"vae": vae_fn, "actor": actor_fn, "critic": critic_fn}
+
+
+
+
+def synflow_inputs(config: Config, bounds, observation_size: int) -> dict:
+    """`{network: (apply_fn(params, inputs), input_shape)}` for SynFlow's data-free scoring.
+
+    vae: inputs `[1, D + A + L]` split into observations, unit actions and latents; the encoder's
+    mean and log-std heads `[1, L]` each on (observations, actions) and the decoder's head `[1, A]`
+    on (observations, latents), encoder and decoder each over its own flow
+    (`pruning.synflow_own_flow`); actor: `[1, D + A]` -> the perturbation head `[1, A]` before its tanh; critic: `[1, D + A]` -> each
+    critic's Q over its own value `[C, 1]`. Heads are taken before their tanh or clip.
+    """
+    forward = Forward(config, bounds)
+    action_end = observation_size + len(bounds[0])
+
+    def vae_fn(vae_params, inputs):
+        observations, actions, latents = (inputs[:, :observation_size], inputs[:, observation_size:action_end],
+                                          inputs[:, action_end:])
+        mean, log_std = synflow_layer_outputs(forward.encoder, vae_params["encoder"], ("mean", "log_std"),
+                                              observations, actions)
+        (head,) = synflow_layer_outputs(forward.decoder, vae_params["decoder"], ("head",), observations, latents)
+        return synflow_own_flow(jnp.sum(mean) + jnp.sum(log_std)), synflow_own_flow(jnp.sum(head))
+
+    def actor_fn(actor_params, inputs):
+        observations, actions = inputs[:, :observation_size], inputs[:, observation_size:]
+        return synflow_layer_outputs(forward.actor, actor_params, ("head",), observations, actions)[0]
+
+    def critic_fn(critic_params, inputs):
+        return synflow_own_flow(forward.q_values(critic_params, inputs[:, :observation_size], inputs[:, observation_size:]))
+
+    return {"vae": (vae_fn, (1, action_end + forward.latent_size)), "actor": (actor_fn, (1, action_end)),
+            "critic": (critic_fn, (1, action_end))}
 
 
 # ----- state --------------------------------------------------------------------------------------

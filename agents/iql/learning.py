@@ -29,11 +29,18 @@ import numpy as np
 import optax
 
 from agents.iql.config import LOG_STD_MAX, LOG_STD_MIN, Config
-from pruning import apply_mask, check_mask, masked, polyak_masked
+from pruning import apply_mask, check_mask, masked, polyak_masked, synflow_own_flow
 from qrl import offline, offpolicy
 from qrl.datasets import Dataset
 from qrl.errors import QrlInputError
-from qrl.networks.continuous import CriticEnsemble, DeterministicActor, TrainingMLP, dense, unscale_actions
+from qrl.networks.continuous import (
+    CriticEnsemble,
+    DeterministicActor,
+    TrainingMLP,
+    dense,
+    scale_actions,
+    unscale_actions,
+)
 from qrl.quant import FP32, Precision
 from qrl.replay import Transition
 
@@ -310,6 +317,27 @@ def scoring_losses(config: Config, bounds, state: TrainState) -> dict:
         return critic_loss(q, target)
 
     return {"actor": actor_loss, "critic": critic_td_loss, "value": value_loss}
+
+
+
+def synflow_inputs(config: Config, bounds, observation_size: int) -> dict:
+    """`{network: (apply_fn(params, inputs), input_shape)}` for SynFlow's data-free scoring.
+
+    actor: inputs `[1, D]` -> the head `h [1, A]` (before the mean's tanh; `log_std` is not a
+    layer); value: `[1, D]` -> `[1]`; critic: `[1, D + A]` split into observations and unit
+    actions -> each critic's Q over its own value `[C, 1]` (`pruning.synflow_own_flow`).
+    """
+    actor, critics, value = make_actor_outputs(config, bounds), make_critics(config, bounds), make_value(config)
+
+    def critic_fn(critic_params, inputs):
+        actions = scale_actions(inputs[:, observation_size:], *bounds)
+        return synflow_own_flow(critics.apply({"params": critic_params}, inputs[:, :observation_size], actions))
+
+    return {
+        "actor": (lambda actor_params, inputs: actor.apply({"params": actor_params}, inputs)[0], (1, observation_size)),
+        "critic": (critic_fn, (1, observation_size + len(bounds[0]))),
+        "value": (lambda value_params, inputs: value.apply({"params": value_params}, inputs), (1, observation_size)),
+    }
 
 
 # ----- data and state accessors -----------------------------------------------------------------

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from agents.td3_bc.config import Config
-from pruning import apply_mask, check_mask, masked, polyak_masked
+from pruning import apply_mask, check_mask, masked, polyak_masked, synflow_layer_outputs, synflow_own_flow
 from qrl import offpolicy
 from qrl.networks.continuous import (
     CriticEnsemble,
@@ -167,6 +167,27 @@ def scoring_losses(config: Config, bounds, state: TrainState) -> dict:
 def networks_at_init(state: TrainState) -> dict:
     """`{network: params}` that `scoring_losses` take (the state's current online params)."""
     return {"actor": state.actor_params, "critic": state.critic_params}
+
+
+
+def synflow_inputs(config: Config, bounds, observation_size: int) -> dict:
+    """`{network: (apply_fn(params, inputs), input_shape)}` for SynFlow's data-free scoring.
+
+    actor: inputs `[1, D]` -> the head before its tanh `[1, A]` (a saturated tanh has no gradient);
+    critic: inputs `[1, D + A]` split into observations and unit actions -> each critic's Q over
+    its own value `[C, 1]` (`pruning.synflow_own_flow`).
+    """
+    unit_actor = make_unit_actor(config, bounds)
+    _, q_values, _, _ = _networks(config, bounds)
+
+    def actor_fn(actor_params, inputs):
+        return synflow_layer_outputs(unit_actor, actor_params, ("head",), inputs)[0]
+
+    def critic_fn(critic_params, inputs):
+        return synflow_own_flow(q_values(critic_params, inputs[:, :observation_size], inputs[:, observation_size:]))
+
+    return {"actor": (actor_fn, (1, observation_size)),
+            "critic": (critic_fn, (1, observation_size + len(bounds[0])))}
 
 
 def make_optimizer(learning_rate: float, mask: Any = None) -> optax.GradientTransformation:
