@@ -43,6 +43,7 @@ bench: $(INSTALLED) $(BENCH_VENV)/.installed
 	$(PY) -m bench.train_throughput --case=all
 	$(PY) -m bench.qat_overhead
 	$(PY) -m bench.actorq
+	$(PY) -m bench.offline_throughput --bf16 --peer_python=$(BENCH_VENV)/bin/python
 
 clean:
 	rm -rf runs MUJOCO_LOG.TXT
