@@ -35,20 +35,26 @@ DENSE = study_report.DENSE
 Runner = Callable[..., dict]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Study directory (required).")
-flags.DEFINE_string("datasets", None, "Comma-separated datasets (D4RL HDF5 files or Minari directories); one task each.")
-flags.DEFINE_string("algos", "bc", "Comma-separated offline algorithms (agents.OFFLINE_AGENT_NAMES).")
-flags.DEFINE_string("pruners", "none,snip,grasp", "Comma-separated pruners; none is the dense run.")
-flags.DEFINE_string("sparsities", "0,0.5,0.8,0.9,0.95,0.98,0.99", "Comma-separated sparsities in [0, 1); 0 is dense.")
-flags.DEFINE_string("seeds", "0,1,2", "Comma-separated seeds.")
-flags.DEFINE_integer("steps", 100_000, "Gradient steps per cell.")
-flags.DEFINE_integer("eval_every", 5_000, "Evaluate every N gradient steps (0: only at the end).")
-flags.DEFINE_integer("eval_episodes", 10, "Episodes per evaluation.")
-flags.DEFINE_integer("prune_batches", 1, "Offline batches the scores are computed on.")
-flags.DEFINE_integer("prune_batch_size", 256, "Transitions per scoring batch.")
-flags.DEFINE_enum("scope", "network", ["network", "layer", "global"], "Where the score threshold applies.")
-flags.DEFINE_multi_string("set", [], "Algorithm config override algo.key=value (repeatable), e.g. bc.hidden_sizes=64-64.")
-flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
+
+
+def define_flags() -> None:
+    """The CLI's flags, defined only when this module runs as the entry point: the library part
+    (make_options, run_study) is imported by tests and notebooks beside other entry points whose
+    flags share these names."""
+    flags.DEFINE_string("workdir", None, "Study directory (required).")
+    flags.DEFINE_string("datasets", None, "Comma-separated datasets (D4RL HDF5 files or Minari directories); one task each.")
+    flags.DEFINE_string("algos", "bc", "Comma-separated offline algorithms (agents.OFFLINE_AGENT_NAMES).")
+    flags.DEFINE_string("pruners", "none,snip,grasp", "Comma-separated pruners; none is the dense run.")
+    flags.DEFINE_string("sparsities", "0,0.5,0.8,0.9,0.95,0.98,0.99", "Comma-separated sparsities in [0, 1); 0 is dense.")
+    flags.DEFINE_string("seeds", "0,1,2", "Comma-separated seeds.")
+    flags.DEFINE_integer("steps", 100_000, "Gradient steps per cell.")
+    flags.DEFINE_integer("eval_every", 5_000, "Evaluate every N gradient steps (0: only at the end).")
+    flags.DEFINE_integer("eval_episodes", 10, "Episodes per evaluation.")
+    flags.DEFINE_integer("prune_batches", 1, "Offline batches the scores are computed on.")
+    flags.DEFINE_integer("prune_batch_size", 256, "Transitions per scoring batch.")
+    flags.DEFINE_enum("scope", "network", ["network", "layer", "global"], "Where the score threshold applies.")
+    flags.DEFINE_multi_string("set", [], "Algorithm config override algo.key=value (repeatable), e.g. bc.hidden_sizes=64-64.")
+    flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,4 +267,5 @@ def run() -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     common.run_entry_point(run)
