@@ -221,14 +221,7 @@ def run() -> None:
         FLAGS.max_seconds, FLAGS.max_learner_steps, FLAGS.max_actor_steps, FLAGS.run_flag, FLAGS.launcher,
         FLAGS.ray_address,
     )
-    outcome = run_study(options)
-    if outcome["paths"]:
-        print(f"ActorQ study report: {outcome['paths']['report.md']}")
-    else:
-        print("no cell finished: no report written", file=sys.stderr)
-    if outcome["failed"]:
-        print(f"{len(outcome['failed'])} cell(s) failed: {'; '.join(outcome['failed'])}", file=sys.stderr)
-        sys.exit(1)
+    studies.report_outcome(run_study(options), "ActorQ study")
 
 
 if __name__ == "__main__":

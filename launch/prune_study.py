@@ -17,7 +17,6 @@ report.md, summary.json and plots/ go into the workdir (`pruning.study_report`).
 import dataclasses
 import os
 import shutil
-import sys
 import time
 import traceback
 from typing import Callable, Mapping, Optional, Sequence
@@ -256,14 +255,7 @@ def run() -> None:
         FLAGS.workdir, FLAGS.datasets, FLAGS.algos, FLAGS.pruners, FLAGS.sparsities, FLAGS.seeds, FLAGS.steps,
         FLAGS.eval_every, FLAGS.eval_episodes, FLAGS.prune_batches, FLAGS.prune_batch_size, FLAGS.scope, FLAGS.set,
     )
-    outcome = run_study(options, progress=FLAGS.progress)
-    if outcome["paths"]:
-        print(f"pruning study report: {outcome['paths']['report.md']}")
-    else:
-        print("no cell finished: no report written", file=sys.stderr)
-    if outcome["failed"]:
-        print(f"{len(outcome['failed'])} cell(s) failed: {'; '.join(outcome['failed'])}", file=sys.stderr)
-        sys.exit(1)
+    studies.report_outcome(run_study(options, progress=FLAGS.progress), "pruning study")
 
 
 if __name__ == "__main__":

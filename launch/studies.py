@@ -286,3 +286,15 @@ def write_weight_plots(study_dir: str, cells: Sequence[Cell], precisions: str) -
             study_report.plot_weight_histograms(params, parsed, f"{cell.agent} on {cell.env_id}, seed {cell.seed}", path)
         plots[key] = path
     return plots
+
+
+def report_outcome(outcome: dict, what: str) -> None:
+    """A study CLI's last lines: where `what`'s report went (or that no cell finished), and the
+    failed cells, exiting 1 when any failed. `outcome` is `run_study`'s `{"paths", "failed"}`."""
+    if outcome["paths"]:
+        print(f"{what} report: {outcome['paths']['report.md']}")
+    else:
+        print("no cell finished: no report written", file=sys.stderr)
+    if outcome["failed"]:
+        print(f"{len(outcome['failed'])} cell(s) failed: {'; '.join(outcome['failed'])}", file=sys.stderr)
+        sys.exit(1)

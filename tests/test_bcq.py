@@ -20,7 +20,7 @@ from qrl.evaluation import evaluate
 from qrl.networks.continuous import scale_actions
 from qrl.replay import Transition
 from tests.test_bc import ACTION_NOISE, _swing_up_data
-from tests.test_td3_bc import check_synflow_masks
+from tests.test_td3_bc import assert_masks_restored, check_synflow_masks
 
 ENV_ID = "gym:Pendulum-v1"
 BOUNDS = ((-2.0,), (2.0,))
@@ -283,12 +283,7 @@ def test_masked_bcq_keeps_pruned_weights_and_moments_zero_and_checkpoints_the_ma
     template = bcq.build(config, observation_spec, action_spec, masks_for(7)).init(jax.random.PRNGKey(5))
     restored = checkpointer.restore(template)
     checkpointer.close()
-    for name in learning.NETWORKS:
-        restored_mask = dict(jax.tree_util.tree_leaves_with_path(restored.masks[name]))
-        expected = dict(jax.tree_util.tree_leaves_with_path(masks[name]))
-        assert set(restored_mask) == set(expected)
-        for path, leaf in restored_mask.items():
-            np.testing.assert_array_equal(leaf, expected[path])
+    assert_masks_restored(restored.masks, masks, learning.NETWORKS)
     for path, leaf in jax.tree_util.tree_leaves_with_path(restored.vae_params):
         np.testing.assert_array_equal(leaf, dict(jax.tree_util.tree_leaves_with_path(state.vae_params))[path])
 

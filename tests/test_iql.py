@@ -19,7 +19,7 @@ from qrl.errors import QrlInputError
 from qrl.evaluation import evaluate
 from qrl.replay import Transition
 from tests.test_bc import ACTION_NOISE, ENV_ID, _swing_up_data
-from tests.test_td3_bc import check_synflow_masks
+from tests.test_td3_bc import assert_masks_restored, check_synflow_masks
 
 MIN_NORMALIZED_SCORE = 70.0  # IQL must recover 70% of the data policy's return above random.
 BOUNDS = ((-2.0,), (2.0,))
@@ -190,12 +190,7 @@ def test_masked_iql_keeps_pruned_weights_targets_and_moments_zero_and_checkpoint
     template = iql.build(config, *offline.env_specs(ENV_ID), other).init(jax.random.PRNGKey(5))
     restored = checkpointer.restore(template)
     checkpointer.close()
-    for name in learning.NETWORKS:
-        restored_mask = dict(jax.tree_util.tree_leaves_with_path(restored.masks[name]))
-        expected = dict(jax.tree_util.tree_leaves_with_path(masks[name]))
-        assert set(restored_mask) == set(expected)
-        for path, leaf in restored_mask.items():
-            np.testing.assert_array_equal(leaf, expected[path])
+    assert_masks_restored(restored.masks, masks, learning.NETWORKS)
 
 
 def test_partial_masks_leave_other_networks_dense():

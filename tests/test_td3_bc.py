@@ -260,12 +260,7 @@ def test_masked_td3_bc_keeps_pruned_weights_and_moments_zero_and_checkpoints_the
     template = td3_bc.build(config, observation_spec, action_spec, masks_for(7)).init(jax.random.PRNGKey(5))
     restored = checkpointer.restore(template)
     checkpointer.close()
-    for name in learning.NETWORKS:
-        restored_mask = dict(jax.tree_util.tree_leaves_with_path(restored.masks[name]))
-        expected = dict(jax.tree_util.tree_leaves_with_path(masks[name]))
-        assert set(restored_mask) == set(expected)
-        for path, leaf in restored_mask.items():
-            np.testing.assert_array_equal(leaf, expected[path])
+    assert_masks_restored(restored.masks, masks, learning.NETWORKS)
     for path, leaf in jax.tree_util.tree_leaves_with_path(restored.critic_params):
         np.testing.assert_array_equal(leaf, dict(jax.tree_util.tree_leaves_with_path(state.critic_params))[path])
 
@@ -299,3 +294,13 @@ def test_config_and_registry():
     with pytest.raises(QrlInputError, match="TD3_BC config alpha must be > 0"):
         td3_bc.config_for({"alpha": 0.0})
     assert agents.get_offline_agent("td3_bc") is td3_bc and "td3_bc" not in agents.AGENT_NAMES
+
+
+def assert_masks_restored(restored_masks: dict, masks: dict, networks) -> None:
+    """Every network's restored mask has the saved mask's leaves, equal bit for bit."""
+    for name in networks:
+        restored_mask = dict(jax.tree_util.tree_leaves_with_path(restored_masks[name]))
+        expected = dict(jax.tree_util.tree_leaves_with_path(masks[name]))
+        assert set(restored_mask) == set(expected)
+        for path, leaf in restored_mask.items():
+            np.testing.assert_array_equal(leaf, expected[path])
