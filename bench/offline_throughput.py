@@ -21,8 +21,8 @@ round `--steps` gradient steps (default: 5 rounds of 2000, BCQ 300); both proces
 between rounds and the one not being timed waits idle. Reported: the median steps/s over rounds
 of each side (for d3rlpy also of its updates alone, without drawing batches) and the median over
 rounds of the ratio qrl / d3rlpy within a round (target >= 3x). `--bf16` adds rows for agents
-whose config has a matmul dtype (BCQ's `target_matmul_dtype`: the 10-sample target pass in
-bf16); TD3+BC and IQL have none.
+whose config has a matmul dtype (TD3+BC's and IQL's `matmul_dtype`: every training matmul in bf16;
+BCQ's `target_matmul_dtype`: the 10-sample target pass in bf16); BC has none.
 
     python -m bench.offline_throughput --bf16 --json=runs/bench_offline/throughput.json
     python -m bench.offline_throughput --algos=bc,bcq --rounds=3 --set=bcq.batch_size=256

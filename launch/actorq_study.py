@@ -132,6 +132,9 @@ def make_options(
     for name, value in (("max_learner_steps", max_learner_steps), ("max_actor_steps", max_actor_steps)):
         if value is not None and value < 1:
             raise QrlInputError(f"--{name} must be >= 1, got {value}")
+    if (target_return, max_seconds, max_learner_steps, max_actor_steps) == (None, None, None, None):
+        raise QrlInputError("give a stop condition for every cell: --target_return, --max_seconds, "
+                            "--max_learner_steps or --max_actor_steps")
     if launcher not in ("inprocess", "ray"):
         raise QrlInputError(f"--launcher must be inprocess or ray, got {launcher!r}")
     return StudyOptions(

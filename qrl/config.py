@@ -11,6 +11,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, TypeVar
 from qrl import runtime
 from qrl.errors import QrlInputError
 
+MATMUL_DTYPES = ("fp32", "bf16")  # training matmul dtypes; bf16 multiplies with fp32 accumulation.
 QAT_MIN_BITS = 2
 QAT_MAX_BITS = 8
 

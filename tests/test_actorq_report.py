@@ -242,6 +242,7 @@ def test_report_precision_order_matches_the_actor_precisions():
     (["--precisions=int8"], "--precisions must include fp32"),
     (["--envs=,"], "--envs is empty"),
     (["--seeds=0,-1"], "--seeds values must be >= 0"),
+    ([], "give a stop condition for every cell"),
 ])
 def test_study_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
     workdir = tmp_path / "study"
@@ -259,10 +260,11 @@ def test_study_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
     ({"envs": "cartpole"}, "must look like family:name"),
     ({"seeds": ""}, "--seeds is empty"),
     ({"workdir": None}, "--workdir is required"),
+    ({"max_seconds": None}, "give a stop condition for every cell"),
 ])
 def test_study_options_reject_bad_input(tmp_path, changes, fragment):
     arguments = {"workdir": str(tmp_path / "study"), "agent": "d4pg", "envs": CARTPOLE, "precisions": "fp32,int8",
-                 "seeds": "0", **changes}
+                 "seeds": "0", "max_seconds": 60.0, **changes}
     with pytest.raises(QrlInputError, match=fragment.replace("+", r"\+")):
         actorq_study.make_options(**arguments)
 

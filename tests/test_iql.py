@@ -19,7 +19,7 @@ from qrl.errors import QrlInputError
 from qrl.evaluation import evaluate
 from qrl.replay import Transition
 from tests.test_bc import ACTION_NOISE, ENV_ID, _swing_up_data
-from tests.test_td3_bc import assert_masks_restored, check_synflow_masks
+from tests.test_td3_bc import assert_masks_restored, assert_steps_agree, check_synflow_masks
 
 MIN_NORMALIZED_SCORE = 70.0  # IQL must recover 70% of the data policy's return above random.
 BOUNDS = ((-2.0,), (2.0,))
@@ -103,6 +103,26 @@ def test_fused_updates_equal_sequential_updates():
     for name in ("actor_params", "critic_params", "value_params", "target_critic_params"):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                      getattr(fused, name), getattr(sequential, name))
+
+
+def test_bf16_updates_track_fp32_updates():
+    """The same 4 fused updates at bf16 and fp32 matmuls: every parameter's change agrees to bf16's
+    precision, `log_std` stays float32 throughout, and the bf16 path did run."""
+    fp32 = iql.config_for({"hidden_sizes": "64-64", "actor_lr_decay_steps": 8})
+    bf16 = fp32.replace(matmul_dtype="bf16")
+    state = learning.init(jax.random.PRNGKey(0), fp32, 3, BOUNDS)
+    batches = jax.vmap(lambda key: _batch(key, size=32))(jax.random.split(jax.random.PRNGKey(1), 4))
+    after32, metrics32 = jax.jit(learning.make_update(fp32, BOUNDS))(state, batches)
+    after16, metrics16 = jax.jit(learning.make_update(bf16, BOUNDS))(state, batches)
+    for name in ("actor_params", "critic_params", "value_params", "target_critic_params"):
+        start, leaves32, leaves16 = (jax.tree.leaves(getattr(tree, name)) for tree in (state, after32, after16))
+        for before, leaf32, leaf16 in zip(start, leaves32, leaves16):
+            assert leaf16.dtype == jnp.float32, name
+            step32, step16 = np.asarray(leaf32) - np.asarray(before), np.asarray(leaf16) - np.asarray(before)
+            assert_steps_agree(step16, step32, name)
+    assert not np.array_equal(after32.value_params["head"]["kernel"], after16.value_params["head"]["kernel"])
+    for metric in ("value_loss", "actor_loss", "critic_loss"):
+        np.testing.assert_allclose(metrics16[metric], metrics32[metric], rtol=0.02, err_msg=metric)
 
 
 def test_scoring_losses_keys_and_temperature():
@@ -220,6 +240,8 @@ def test_bad_input_is_one_line():
         iql.config_for({"expectile": 1.0})
     with pytest.raises(QrlInputError, match="IQL config actor_lr_schedule must be one of cosine, constant"):
         iql.config_for({"actor_lr_schedule": "linear"})
+    with pytest.raises(QrlInputError, match="IQL config matmul_dtype must be one of fp32, bf16"):
+        iql.config_for({"matmul_dtype": "int8"})
 
 
 def test_config_and_registry():

@@ -211,6 +211,45 @@ def test_fused_updates_equal_sequential_updates():
     assert np.all(np.asarray(fused.actor_params["head"]["kernel"]) != np.asarray(state.actor_params["head"]["kernel"]))
 
 
+def test_bf16_updates_track_fp32_updates():
+    """The same 4 fused updates at bf16 and fp32 matmuls: every parameter's change agrees to bf16's
+    precision, and the bf16 path did run (the results differ)."""
+    fp32 = td3_bc.config_for({"hidden_sizes": "64-64"})
+    bf16 = fp32.replace(matmul_dtype="bf16")
+    rng = np.random.default_rng(3)
+    size = (4, 32)
+    batches = Transition(
+        rng.normal(size=size + (3,)).astype(np.float32), rng.uniform(-2.0, 2.0, size + (1,)).astype(np.float32),
+        rng.normal(size=size).astype(np.float32), (rng.uniform(size=size) > 0.1).astype(np.float32),
+        rng.normal(size=size + (3,)).astype(np.float32),
+    )
+    state = learning.init(jax.random.PRNGKey(0), fp32, 3, BOUNDS)
+    after32, metrics32 = jax.jit(learning.make_update(fp32, BOUNDS))(state, batches)
+    after16, metrics16 = jax.jit(learning.make_update(bf16, BOUNDS))(state, batches)
+    for name in ("actor_params", "critic_params", "target_actor_params", "target_critic_params"):
+        start, leaves32, leaves16 = (jax.tree.leaves(getattr(tree, name)) for tree in (state, after32, after16))
+        for before, leaf32, leaf16 in zip(start, leaves32, leaves16):
+            step32, step16 = np.asarray(leaf32) - np.asarray(before), np.asarray(leaf16) - np.asarray(before)
+            assert_steps_agree(step16, step32, name)
+    assert not np.array_equal(after32.critic_params["critics"]["head"]["kernel"],
+                              after16.critic_params["critics"]["head"]["kernel"])
+    np.testing.assert_allclose(metrics16["critic_loss"], metrics32["critic_loss"], rtol=0.02)
+    assert jax.tree.map(lambda leaf: leaf.dtype, after16.critic_params) == jax.tree.map(
+        lambda leaf: leaf.dtype, state.critic_params)  # params stay float32
+
+
+def assert_steps_agree(step16: np.ndarray, step32: np.ndarray, name: str) -> None:
+    """A bf16 parameter step points where the fp32 step points (cosine >= 0.97) with a norm within
+    10%. Adam's first steps are near `lr * sign(g)`, so an element whose gradient is near zero may
+    flip sign under bf16: the steps agree in direction, not element by element."""
+    norm16, norm32 = np.linalg.norm(step16), np.linalg.norm(step32)
+    if norm32 == 0.0:
+        assert norm16 == 0.0, name
+        return
+    cosine = float(np.vdot(step16, step32) / (norm16 * norm32))
+    assert cosine >= 0.97 and abs(norm16 / norm32 - 1.0) <= 0.1, (name, cosine, norm16 / norm32)
+
+
 def _kernels(params):
     """The kernels as prunable leaves. `prunable_leaves` would also take the stacked critics'
     biases (`[2, H]`, ndim 2) for weights."""
@@ -276,12 +315,14 @@ def test_masks_that_do_not_fit_are_input_errors():
         td3_bc.build(config, *specs, mask={"critic": mask}).init(jax.random.PRNGKey(0))
 
 
-def test_td3_bc_recovers_the_noisy_data_policys_return(noisy_swing_up_data):
+@pytest.mark.parametrize("matmul_dtype", ["fp32", "bf16"])
+def test_td3_bc_recovers_the_noisy_data_policys_return(noisy_swing_up_data, matmul_dtype):
     dataset, data_return = noisy_swing_up_data
     random_policy = np.random.default_rng(0)
     random_return = evaluate(lambda obs: random_policy.uniform(-2.0, 2.0, (len(obs), 1)), ENV_ID, 10, seed=0).mean
     assert data_return > random_return + 500.0  # the controller swings up; random actions do not.
-    _, results = td3_bc.train(dataset, ENV_ID, td3_bc.config_for(), steps=3000, seed=0, eval_every=0,
+    config = td3_bc.config_for({"matmul_dtype": matmul_dtype})
+    _, results = td3_bc.train(dataset, ENV_ID, config, steps=3000, seed=0, eval_every=0,
                               reference=(random_return, data_return), progress=False)
     assert results["updates"] == 3000
     assert results["normalized_score"]["mean"] >= MIN_NORMALIZED_SCORE, (results["final_eval"], data_return)
@@ -293,6 +334,9 @@ def test_config_and_registry():
     assert (config.actor_learning_rate, config.critic_learning_rate, config.batch_size) == (3e-4, 3e-4, 256)
     with pytest.raises(QrlInputError, match="TD3_BC config alpha must be > 0"):
         td3_bc.config_for({"alpha": 0.0})
+    assert config.matmul_dtype == "fp32"
+    with pytest.raises(QrlInputError, match="config matmul_dtype must be one of fp32, bf16"):
+        td3_bc.config_for({"matmul_dtype": "fp16"})
     assert agents.get_offline_agent("td3_bc") is td3_bc and "td3_bc" not in agents.AGENT_NAMES
 
 

@@ -14,7 +14,6 @@ from typing import Any, Mapping, Optional
 from qrl import config as qrl_config
 from qrl.errors import QrlInputError
 
-MATMUL_DTYPES = ("fp32", "bf16")
 LOG_STD_MIN = -4.0  # the reference VAE's clamp of the latent log-std.
 LOG_STD_MAX = 15.0
 
@@ -29,7 +28,7 @@ def validate(config: "Config") -> None:
     )
     qrl_config.check_fraction(config, ("gamma", "lmbda"), "bcq")
     qrl_config.check_fraction(config, ("tau",), "bcq", low_open=True)
-    qrl_config.check_choice(config, "target_matmul_dtype", MATMUL_DTYPES, "bcq")
+    qrl_config.check_choice(config, "target_matmul_dtype", qrl_config.MATMUL_DTYPES, "bcq")
     if not 0.0 <= config.phi <= 1.0:
         raise QrlInputError(f"BCQ config phi must be in [0, 1], got {config.phi}")
     if config.latent_size < 0:

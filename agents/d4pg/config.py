@@ -15,8 +15,6 @@ from typing import Any, Mapping
 from qrl import config as qrl_config
 from qrl.errors import QrlInputError
 
-MATMUL_DTYPES = ("fp32", "bf16")
-
 
 def validate(config: "Config") -> None:
     """Rejects values that cannot train."""
@@ -26,7 +24,7 @@ def validate(config: "Config") -> None:
     )
     qrl_config.check_fraction(config, ("tau",), "d4pg", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "d4pg")
-    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "d4pg")
+    qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "d4pg")
     qrl_config.check_qat_fields(config, "d4pg")
     for name in ("learning_starts", "exploration_noise", "dqda_clipping"):
         if getattr(config, name) < 0:

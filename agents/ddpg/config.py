@@ -16,8 +16,6 @@ from typing import Any, Mapping
 from qrl import config as qrl_config
 from qrl.errors import QrlInputError
 
-MATMUL_DTYPES = ("fp32", "bf16")
-
 
 def validate(config: "Config") -> None:
     """Rejects values that cannot train."""
@@ -27,7 +25,7 @@ def validate(config: "Config") -> None:
     )
     qrl_config.check_fraction(config, ("tau",), "ddpg", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "ddpg")
-    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "ddpg")
+    qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "ddpg")
     qrl_config.check_qat_fields(config, "ddpg")
     for name in ("learning_starts", "exploration_noise", "critic_l2"):
         if getattr(config, name) < 0:

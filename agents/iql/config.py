@@ -28,6 +28,7 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma",), "iql")
     qrl_config.check_fraction(config, ("tau",), "iql", low_open=True)
     qrl_config.check_choice(config, "actor_lr_schedule", ACTOR_LR_SCHEDULES, "iql")
+    qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "iql")
     if not 0.0 < config.expectile < 1.0:
         raise QrlInputError(f"IQL config expectile must be in (0, 1), got {config.expectile}")
     if config.beta < 0.0:
@@ -58,6 +59,7 @@ class Config(qrl_config.ConfigMethods, agent="iql", validate=validate):
     reward_scale: float = 1.0  # factor on batch rewards (set by `train` when normalize_rewards).
     normalize_observations: bool = False  # the reference does not normalize observations.
     updates_per_call: int = 10  # updates fused per jitted call (K); DESIGN.md §6.
+    matmul_dtype: str = "fp32"  # "bf16": training matmuls in bf16 with fp32 accumulation; params stay fp32.
 
 
 def config_for(values: Optional[Mapping[str, Any]] = None) -> Config:

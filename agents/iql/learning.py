@@ -37,6 +37,7 @@ from qrl.networks.continuous import (
     CriticEnsemble,
     DeterministicActor,
     TrainingMLP,
+    compute_params,
     dense,
     scale_actions,
     unscale_actions,
@@ -93,8 +94,8 @@ class ValueNetwork(nn.Module):
         return dense(features, 1, self.precision, "head")[..., 0]
 
 
-def make_actor_outputs(config: Config, bounds) -> GaussianActorOutputs:
-    return GaussianActorOutputs(tuple(config.hidden_sizes), len(bounds[0]))
+def make_actor_outputs(config: Config, bounds, precision: Precision = FP32) -> GaussianActorOutputs:
+    return GaussianActorOutputs(tuple(config.hidden_sizes), len(bounds[0]), precision)
 
 
 def make_actor(config: Config, bounds, precision: Precision = FP32) -> DeterministicActor:
@@ -104,13 +105,20 @@ def make_actor(config: Config, bounds, precision: Precision = FP32) -> Determini
     return DeterministicActor(low, high, tuple(config.hidden_sizes), precision)
 
 
-def make_critics(config: Config, bounds) -> CriticEnsemble:
+def make_critics(config: Config, bounds, precision: Precision = FP32) -> CriticEnsemble:
     low, high = bounds
-    return CriticEnsemble(low, high, tuple(config.hidden_sizes), FP32, NUM_CRITICS)
+    return CriticEnsemble(low, high, tuple(config.hidden_sizes), precision, NUM_CRITICS)
 
 
-def make_value(config: Config) -> ValueNetwork:
-    return ValueNetwork(tuple(config.hidden_sizes))
+def make_value(config: Config, precision: Precision = FP32) -> ValueNetwork:
+    return ValueNetwork(tuple(config.hidden_sizes), precision)
+
+
+def actor_compute_params(actor_params: dict, precision: Precision) -> dict:
+    """The actor's layers cast for `precision` (`compute_params`); `log_std` stays float32 (it
+    enters no matmul)."""
+    layers = {name: leaf for name, leaf in actor_params.items() if name != "log_std"}
+    return {**compute_params(layers, precision), "log_std": actor_params["log_std"]}
 
 
 # ----- losses -----------------------------------------------------------------------------------
@@ -219,43 +227,52 @@ def init(key: jax.Array, config: Config, observation_size: int, bounds, masks: O
 def make_update(config: Config, bounds, masks: Optional[dict] = None):
     """`update(state, batches [K, B, ...]) -> (state, metrics)` (pure; the loop jits it).
 
-    Metrics, averaged over the K updates: `value_loss`, `actor_loss`, `critic_loss` (each before
-    its step), `q_mean`, `v_mean`, `weight_mean` (advantage weights).
+    Every forward and backward matmul runs at the config's `matmul_dtype` (params, optimizer
+    states and target critics stay float32). Metrics, averaged over the K updates: `value_loss`,
+    `actor_loss`, `critic_loss` (each before its step), `q_mean`, `v_mean`, `weight_mean`
+    (advantage weights).
     """
     masks = network_masks(masks)
-    actor, critics, value = make_actor_outputs(config, bounds), make_critics(config, bounds), make_value(config)
+    precision = offpolicy.training_precision(config)
+    actor = make_actor_outputs(config, bounds, precision)
+    critics, value = make_critics(config, bounds, precision), make_value(config, precision)
     optimizers = make_optimizers(config, masks)
 
+    def values(value_params, observations):
+        return value.apply({"params": compute_params(value_params, precision)}, observations)
+
+    def q_values(critic_params, batch: Transition):
+        return critics.apply({"params": compute_params(critic_params, precision)}, batch.observation, batch.action)
+
     def value_loss_fn(value_params, observations, q):
-        v = value.apply({"params": value_params}, observations)
+        v = values(value_params, observations)
         return expectile_loss(q - v, config.expectile), v
 
     def actor_loss_fn(actor_params, observations, unit_actions, weights):
-        h, log_std = actor.apply({"params": actor_params}, observations)
+        h, log_std = actor.apply({"params": actor_compute_params(actor_params, precision)}, observations)
         return awr_loss(h, log_std, unit_actions, weights)
 
     def critic_loss_fn(critic_params, batch: Transition, target):
-        q = critics.apply({"params": critic_params}, batch.observation, batch.action)
+        q = q_values(critic_params, batch)
         return critic_loss(q, target), q
 
     def step(name, params, grads, opt_state):
         return offpolicy.apply_gradients(optimizers[name], params, grads, opt_state)
 
     def one_update(state: TrainState, batch: Transition):
-        q = jnp.min(critics.apply({"params": state.target_critic_params}, batch.observation, batch.action), axis=0)
+        q = jnp.min(q_values(state.target_critic_params, batch), axis=0)
         (value_loss, v), grads = jax.value_and_grad(value_loss_fn, has_aux=True)(
             state.value_params, batch.observation, q
         )
         value_params, value_opt_state = step("value", state.value_params, grads, state.value_opt_state)
 
-        weights = advantage_weights(q, value.apply({"params": value_params}, batch.observation), config.beta,
-                                    config.max_weight)
+        weights = advantage_weights(q, values(value_params, batch.observation), config.beta, config.max_weight)
         unit_actions = unscale_actions(batch.action, *bounds)
         actor_loss, grads = jax.value_and_grad(actor_loss_fn)(state.actor_params, batch.observation, unit_actions,
                                                              weights)
         actor_params, actor_opt_state = step("actor", state.actor_params, grads, state.actor_opt_state)
 
-        next_v = value.apply({"params": value_params}, batch.next_observation)
+        next_v = values(value_params, batch.next_observation)
         target = jax.lax.stop_gradient(config.reward_scale * batch.reward + config.gamma * batch.discount * next_v)
         (critic_value, q_online), grads = jax.value_and_grad(critic_loss_fn, has_aux=True)(
             state.critic_params, batch, target

@@ -14,8 +14,6 @@ from typing import Any, Mapping
 from qrl import config as qrl_config
 from qrl.errors import QrlInputError
 
-MATMUL_DTYPES = ("fp32", "bf16")
-
 
 def validate(config: "Config") -> None:
     """Rejects values that cannot train."""
@@ -25,7 +23,7 @@ def validate(config: "Config") -> None:
     )
     qrl_config.check_fraction(config, ("tau",), "sac", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "sac")
-    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "sac")
+    qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "sac")
     qrl_config.check_qat_fields(config, "sac")
     if config.learning_starts < 0:
         raise QrlInputError(f"SAC config learning_starts must be >= 0, got {config.learning_starts}")

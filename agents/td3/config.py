@@ -16,8 +16,6 @@ from typing import Any, Mapping
 from qrl import config as qrl_config
 from qrl.errors import QrlInputError
 
-MATMUL_DTYPES = ("fp32", "bf16")
-
 
 def validate(config: "Config") -> None:
     """Rejects values that cannot train."""
@@ -27,7 +25,7 @@ def validate(config: "Config") -> None:
     )
     qrl_config.check_fraction(config, ("tau",), "td3", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "td3")
-    qrl_config.check_choice(config, "matmul_dtype", MATMUL_DTYPES, "td3")
+    qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "td3")
     qrl_config.check_qat_fields(config, "td3")
     for name in ("learning_starts", "exploration_noise", "target_policy_noise", "target_noise_clip"):
         if getattr(config, name) < 0:

@@ -23,6 +23,7 @@ def validate(config: "Config") -> None:
     )
     qrl_config.check_fraction(config, ("tau",), "td3_bc", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "td3_bc")
+    qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "td3_bc")
     for name in ("target_policy_noise", "target_noise_clip"):
         if getattr(config, name) < 0:
             raise QrlInputError(f"TD3_BC config {name} must be >= 0, got {getattr(config, name)}")
@@ -46,6 +47,7 @@ class Config(qrl_config.ConfigMethods, agent="td3_bc", validate=validate):
     policy_delay: int = 2  # critic updates per actor and target update; Fujimoto & Gu 2021.
     normalize_observations: bool = True  # train and act on (obs - mean) / std; Fujimoto & Gu 2021.
     updates_per_call: int = 10  # updates fused per jitted call (K); DESIGN.md §6: K=10 gets most of it.
+    matmul_dtype: str = "fp32"  # "bf16": training matmuls in bf16 with fp32 accumulation; params stay fp32.
 
 
 def config_for(values: Optional[Mapping[str, Any]] = None) -> Config:

@@ -25,6 +25,7 @@ from qrl.networks.continuous import (
     CriticEnsemble,
     DeterministicActor,
     TrainingMLP,
+    compute_params,
     dense,
     scale_actions,
     unscale_actions,
@@ -68,8 +69,8 @@ class UnitActor(nn.Module):
         return jnp.tanh(dense(features, self.action_size, self.precision, "head") / temperature)
 
 
-def make_unit_actor(config: Config, bounds) -> UnitActor:
-    return UnitActor(tuple(config.hidden_sizes), len(bounds[0]))
+def make_unit_actor(config: Config, bounds, precision: Precision = FP32) -> UnitActor:
+    return UnitActor(tuple(config.hidden_sizes), len(bounds[0]), precision)
 
 
 def make_actor(config: Config, bounds, precision: Precision = FP32) -> DeterministicActor:
@@ -78,9 +79,9 @@ def make_actor(config: Config, bounds, precision: Precision = FP32) -> Determini
     return DeterministicActor(low, high, tuple(config.hidden_sizes), precision)
 
 
-def make_critics(config: Config, bounds, num_critics: int = NUM_CRITICS) -> CriticEnsemble:
+def make_critics(config: Config, bounds, num_critics: int = NUM_CRITICS, precision: Precision = FP32) -> CriticEnsemble:
     low, high = bounds
-    return CriticEnsemble(low, high, tuple(config.hidden_sizes), FP32, num_critics)
+    return CriticEnsemble(low, high, tuple(config.hidden_sizes), precision, num_critics)
 
 
 def bc_weight(q: jax.Array, alpha: float) -> jax.Array:
@@ -112,22 +113,25 @@ def td_target(reward: jax.Array, discount: jax.Array, next_q: jax.Array, gamma: 
     return jax.lax.stop_gradient(reward + gamma * discount * jnp.min(next_q, axis=0))
 
 
-def _networks(config: Config, bounds):
-    """The forward passes the update and the scoring losses share, on unit actions."""
-    unit_actor, critics = make_unit_actor(config, bounds), make_critics(config, bounds)
-    first_critic = make_critics(config, bounds, num_critics=1)
+def _networks(config: Config, bounds, precision: Precision = FP32):
+    """The forward passes the update and the scoring losses share, on unit actions, with matmuls
+    at `precision` (float32 params cast right before each apply; `qrl.networks.continuous`)."""
+    unit_actor = make_unit_actor(config, bounds, precision)
+    critics = make_critics(config, bounds, precision=precision)
+    first_critic = make_critics(config, bounds, num_critics=1, precision=precision)
     low, high = bounds
 
     def policy_actions(actor_params, observations, temperature=1.0):
-        return unit_actor.apply({"params": actor_params}, observations, temperature)
+        return unit_actor.apply({"params": compute_params(actor_params, precision)}, observations, temperature)
 
     def q_values(critic_params, observations, unit_actions):
         """All critics' `[C, B]` at unit actions."""
-        return critics.apply({"params": critic_params}, observations, scale_actions(unit_actions, low, high))
+        return critics.apply({"params": compute_params(critic_params, precision)}, observations,
+                             scale_actions(unit_actions, low, high))
 
     def first_q(critic_params, observations, unit_actions):
         """`Q_1(s, a)` `[B]` at unit actions."""
-        first = jax.tree.map(lambda leaf: leaf[:1], critic_params)
+        first = compute_params(jax.tree.map(lambda leaf: leaf[:1], critic_params), precision)
         return first_critic.apply({"params": first}, observations, scale_actions(unit_actions, low, high))[0]
 
     def targets(target_actor_params, target_critic_params, batch: Transition, noise: jax.Array):
@@ -237,11 +241,13 @@ def init(key: jax.Array, config: Config, observation_size: int, bounds, masks: O
 def make_update(config: Config, bounds, masks: Optional[dict] = None):
     """`update(state, batches [K, B, ...]) -> (state, metrics)` (pure; the loop jits it).
 
-    Metrics, averaged over the K updates: `critic_loss`, `q_mean` (online critics at the data's
-    actions); over the delayed updates among them (NaN if none): `actor_loss`, `bc_mse`, `lambda`.
+    Every forward and backward matmul runs at the config's `matmul_dtype` (params, optimizer
+    states and targets stay float32). Metrics, averaged over the K updates: `critic_loss`,
+    `q_mean` (online critics at the data's actions); over the delayed updates among them (NaN if
+    none): `actor_loss`, `bc_mse`, `lambda`.
     """
     masks = _network_masks(masks)
-    policy_actions, q_values, first_q, targets = _networks(config, bounds)
+    policy_actions, q_values, first_q, targets = _networks(config, bounds, offpolicy.training_precision(config))
     actor_optimizer = make_optimizer(config.actor_learning_rate, masks["actor"])
     critic_optimizer = make_optimizer(config.critic_learning_rate, masks["critic"])
 
