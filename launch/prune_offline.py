@@ -21,6 +21,7 @@ flags.DEFINE_string("algo", "bc", "Offline algorithm (agents.OFFLINE_AGENT_NAMES
 flags.DEFINE_string("pruner", "snip", "snip, grasp, synflow, magnitude, random or none.")
 flags.DEFINE_float("sparsity", 0.95, "Fraction of each network's prunable weights removed, in [0, 1).")
 flags.DEFINE_enum("scope", "network", ["network", "layer", "global"], "Where the score threshold applies.")
+flags.DEFINE_list("separate", [], "Sub-networks thresholded on their own at network scope, e.g. vae/encoder,vae/decoder.")
 flags.DEFINE_integer("prune_batches", 1, "Offline batches the scores are computed on.")
 flags.DEFINE_integer("prune_batch_size", 256, "Transitions per scoring batch.")
 flags.DEFINE_float("temperature", 1.0, "GraSP's temperature (network outputs divided by it in the scoring loss).")
@@ -49,6 +50,7 @@ def run() -> None:
         sparsity=FLAGS.sparsity, scope=FLAGS.scope, temperature=FLAGS.temperature,
         include_biases=FLAGS.include_biases, exclude=tuple(FLAGS.exclude_layers),
         min_kept_per_layer=FLAGS.min_kept_per_layer, random_distribution=FLAGS.random_distribution,
+        separate=tuple(FLAGS.separate),
     )
     run_prune_offline(PruneRun(
         dataset=FLAGS.dataset, algo=FLAGS.algo, pruner=FLAGS.pruner, settings=settings, env=FLAGS.env,

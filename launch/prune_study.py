@@ -52,6 +52,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("prune_batches", 1, "Offline batches the scores are computed on.")
     flags.DEFINE_integer("prune_batch_size", 256, "Transitions per scoring batch.")
     flags.DEFINE_enum("scope", "network", ["network", "layer", "global"], "Where the score threshold applies.")
+    flags.DEFINE_list("separate", [], "Sub-networks thresholded on their own at network scope, e.g. vae/encoder,vae/decoder.")
     flags.DEFINE_multi_string("set", [], "Algorithm config override algo.key=value (repeatable), e.g. bc.hidden_sizes=64-64.")
     flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
 
@@ -73,6 +74,7 @@ class StudyOptions:
     prune_batch_size: int = 256
     scope: str = "network"
     overrides: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    separate: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +119,7 @@ def parse_sparsities(text: str) -> list[float]:
 def make_options(
     workdir: Optional[str], datasets: Optional[str], algos: str, pruners: str, sparsities: str, seeds: str,
     steps: int = 100_000, eval_every: int = 5_000, eval_episodes: int = 10, prune_batches: int = 1,
-    prune_batch_size: int = 256, scope: str = "network", sets: Sequence[str] = (),
+    prune_batch_size: int = 256, scope: str = "network", sets: Sequence[str] = (), separate: Sequence[str] = (),
 ) -> StudyOptions:
     """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError."""
     from agents import OFFLINE_AGENT_NAMES, get_offline_agent
@@ -148,13 +150,13 @@ def make_options(
         if value < minimum:
             raise QrlInputError(f"--{name} must be >= {minimum}, got {value}")
     for pruner in pruner_list:
-        PruneSettings(sparsity=max(sparsity_list), scope=scope).check(pruner)
+        PruneSettings(sparsity=max(sparsity_list), scope=scope, separate=tuple(separate)).check(pruner)
     overrides = studies.split_agent_overrides(sets, algo_list)
     for algo in algo_list:
         get_offline_agent(algo).config_for(dict(overrides[algo]))
     return StudyOptions(workdir, tuple(dataset_list), tuple(algo_list), tuple(pruner_list), tuple(sparsity_list),
                         tuple(seed_list), steps, eval_every, eval_episodes, prune_batches, prune_batch_size, scope,
-                        overrides)
+                        overrides, tuple(separate))
 
 
 def plan_cells(options: StudyOptions) -> list[Cell]:
@@ -179,7 +181,8 @@ def plan_cells(options: StudyOptions) -> list[Cell]:
 def cell_run(cell: Cell, options: StudyOptions) -> PruneRun:
     return PruneRun(
         dataset=cell.dataset, algo=cell.algo, pruner=cell.pruner,
-        settings=PruneSettings(sparsity=cell.sparsity, scope=options.scope), overrides=dict(options.overrides[cell.algo]),
+        settings=PruneSettings(sparsity=cell.sparsity, scope=options.scope, separate=options.separate),
+        overrides=dict(options.overrides[cell.algo]),
         prune_batches=options.prune_batches, prune_batch_size=options.prune_batch_size, steps=options.steps,
         seed=cell.seed, eval_every=options.eval_every, eval_episodes=options.eval_episodes,
     )
@@ -254,6 +257,7 @@ def run() -> None:
     options = make_options(
         FLAGS.workdir, FLAGS.datasets, FLAGS.algos, FLAGS.pruners, FLAGS.sparsities, FLAGS.seeds, FLAGS.steps,
         FLAGS.eval_every, FLAGS.eval_episodes, FLAGS.prune_batches, FLAGS.prune_batch_size, FLAGS.scope, FLAGS.set,
+        FLAGS.separate,
     )
     studies.report_outcome(run_study(options, progress=FLAGS.progress), "pruning study")
 

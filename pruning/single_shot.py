@@ -9,6 +9,10 @@ random).
 `PruneSettings.scope`: "network" (one threshold per network, the reference code's choice),
 "layer" (every prunable layer at the sparsity) or "global" (one threshold over all the agent's
 networks; SNIP, GraSP and magnitude only: their scores are comparable across networks).
+`PruneSettings.separate` refines network scope: each named sub-network (`"vae/encoder"`) gets
+its own threshold at the sparsity, and the rest of its network shares one — for networks whose
+parts train on one loss but score on different scales (BCQ's VAE: the KL term gives the encoder
+SNIP scores ~20x the decoder's, and one threshold empties the decoder).
 """
 
 import dataclasses
@@ -40,7 +44,9 @@ class PruneSettings:
     """How to prune: the target `sparsity` of each network's prunable weights, the threshold
     `scope`, GraSP's `temperature`, which leaves are prunable (`include_biases`, `exclude` layer
     paths, e.g. the first and last layers), the layer-collapse guard (`min_kept_per_layer`), the
-    random pruner's `random_distribution` ("uniform" or "erk") and SynFlow's `synflow_iterations`."""
+    random pruner's `random_distribution` ("uniform" or "erk"), SynFlow's `synflow_iterations`,
+    and `separate`: sub-network paths `network/module[/...]` thresholded on their own at network
+    scope (SNIP, GraSP, magnitude)."""
 
     sparsity: float = 0.95
     scope: str = "network"
@@ -50,6 +56,7 @@ class PruneSettings:
     min_kept_per_layer: int = 1
     random_distribution: str = "uniform"
     synflow_iterations: int = 100
+    separate: tuple[str, ...] = ()
 
     def check(self, pruner: str) -> None:
         check_pruner(pruner)
@@ -61,6 +68,18 @@ class PruneSettings:
         if self.random_distribution not in DISTRIBUTIONS:
             raise QrlInputError(f"unknown random distribution {self.random_distribution!r}; "
                                 f"known: {', '.join(DISTRIBUTIONS)}")
+        if self.separate:
+            if pruner not in SCORED_PRUNERS + ("none",) or self.scope != "network":
+                raise QrlInputError("separate thresholds apply to snip, grasp and magnitude at network scope, "
+                                    f"not {pruner} at {self.scope} scope")
+            for path in self.separate:
+                network, _, module = path.partition("/")
+                if not network or not module:
+                    raise QrlInputError(f"separate takes network/module paths like vae/encoder, got {path!r}")
+            for path in self.separate:
+                for other in self.separate:
+                    if other != path and other.startswith(path + "/"):
+                        raise QrlInputError(f"separate paths {path!r} and {other!r} overlap")
 
 
 def prune_networks(
@@ -79,6 +98,7 @@ def prune_networks(
     `synflow_inputs` gives SynFlow each network's apply function and input shape.
     """
     settings.check(pruner)
+    groups = _separate_groups(settings.separate, networks)
     if pruner == "none":
         return {name: None for name in networks}
     excluded = {name: _matching(settings.exclude, params) for name, params in networks.items()}
@@ -113,9 +133,62 @@ def prune_networks(
     keep = "lowest" if pruner == "grasp" else "highest"
     if settings.scope == "global":
         return masks_from_scores(scores, settings.sparsity, scope="global", keep=keep, **mask_options)
-    return {name: masks_from_scores(network_scores, settings.sparsity, scope=settings.scope, keep=keep,
-                                    **mask_options)
+    return {name: _network_masks(network_scores, groups[name], settings, keep, mask_options)
             for name, network_scores in scores.items()}
+
+
+def _separate_groups(paths: Sequence[str], networks: Mapping[str, Any]) -> dict[str, list[tuple[str, ...]]]:
+    """`{network: [module key paths]}` of `PruneSettings.separate`; a path naming no network or
+    no sub-tree of one is an input error."""
+    groups = {name: [] for name in networks}
+    for path in paths:
+        network, _, module = path.partition("/")
+        if network not in networks:
+            raise QrlInputError(f"separate path {path!r} names no network; networks: {', '.join(networks)}")
+        keys = tuple(module.split("/"))
+        subtree = networks[network]
+        for key in keys:
+            if not isinstance(subtree, Mapping) or key not in subtree:
+                raise QrlInputError(f"separate path {path!r} names no sub-network of {network}")
+            subtree = subtree[key]
+        groups[network].append(keys)
+    return groups
+
+
+def _subtree(tree: Any, keys: tuple[str, ...]) -> Any:
+    for key in keys:
+        tree = tree[key]
+    return tree
+
+
+def _with_subtree(tree: Mapping, keys: tuple[str, ...], value: Any) -> dict:
+    """A copy of nested dict `tree` with the sub-tree at `keys` replaced by `value`."""
+    copy = dict(tree)
+    copy[keys[0]] = value if len(keys) == 1 else _with_subtree(tree[keys[0]], keys[1:], value)
+    return copy
+
+
+def _has_scores(tree: Any) -> bool:
+    return any(leaf is not None for leaf in jax.tree.leaves(tree, is_leaf=lambda leaf: leaf is None))
+
+
+def _network_masks(scores: Any, groups: Sequence[tuple[str, ...]], settings: PruneSettings, keep: str,
+                   mask_options: dict) -> Any:
+    """One network's mask from its `scores`: one threshold (or one per layer) over the network,
+    except that each sub-tree in `groups` is thresholded on its own at the same sparsity."""
+    def masks_for(tree):
+        return masks_from_scores(tree, settings.sparsity, scope=settings.scope, keep=keep, **mask_options)
+
+    if not groups:
+        return masks_for(scores)
+    rest = scores
+    for keys in groups:
+        rest = _with_subtree(rest, keys, jax.tree.map(lambda _: None, _subtree(scores, keys)))
+    mask = masks_for(rest) if _has_scores(rest) else rest
+    for keys in groups:
+        part = _subtree(scores, keys)
+        mask = _with_subtree(mask, keys, masks_for(part) if _has_scores(part) else part)
+    return mask
 
 
 def _matching(patterns: Sequence[str], params: Any) -> tuple[str, ...]:

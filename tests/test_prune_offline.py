@@ -134,6 +134,8 @@ def test_cli_run_writes_results_masks_and_sparse_policy(dataset_file, tmp_path):
         (["--pruner=snip", "--env=gym:HalfCheetah-v5"], "dataset observations have 3 dims, gym:HalfCheetah-v5 has 17"),
         (["--set=hidden_sizes=32-32", f"--masks_from={workdir}"], "does not match"),
         (["--algo=cql"], "unknown offline algorithm 'cql'"),
+        (["--pruner=snip", "--separate=actor/decoder"], "separate path 'actor/decoder' names no sub-network of actor"),
+        (["--pruner=random", "--separate=actor/head"], "separate thresholds apply to snip, grasp and magnitude"),
         (["--pruner=snip", f"--dataset={tmp_path / 'missing.hdf5'}"], "no such dataset"),
     ]
     for flags, message in bad_inputs:
@@ -197,3 +199,24 @@ def test_bcq_prunes_every_network_and_accounts_the_networks_it_acts_with(dataset
     dense = results["policy_memory"][0]
     assert dense["format"] == "dense" and dense["bytes"] == 4 * (decoder + actor + critics)
     assert results["updates"] == 20 and np.isfinite(results["final_eval"]["mean"])
+
+
+def test_bcq_vae_parts_thresholded_separately_keep_each_its_share(dataset_file, tmp_path):
+    """One threshold over BCQ's VAE may empty a part (see the README's study); with
+    `separate=("vae/encoder", "vae/decoder")` the encoder and the decoder each keep 10%."""
+    from launch.prune_runs import PruneRun, read_masks, run_prune_offline
+
+    settings = PruneSettings(sparsity=0.9, separate=("vae/encoder", "vae/decoder"))
+    run = PruneRun(dataset=dataset_file, algo="bcq", pruner="snip", settings=settings,
+                   overrides={"vae_hidden_sizes": "32-32", "actor_hidden_sizes": "16-16",
+                              "critic_hidden_sizes": "16-16", "batch_size": 32, "acting_samples": 4},
+                   steps=10, eval_every=0, eval_episodes=1)
+    workdir = str(tmp_path / "bcq_separate")
+    results = run_prune_offline(run, workdir, progress=False, printer=lambda line: None)
+    vae = read_masks(workdir)["vae"]
+    for part in ("encoder", "decoder"):
+        kept, total = kept_count(vae[part]), sum(np.size(leaf) for leaf in jax.tree.leaves(vae[part]))
+        assert kept == round(0.1 * total), part
+    assert results["masks"]["vae"]["kept_fraction"] == pytest.approx(0.1, abs=0.01)
+    assert json.loads(open(os.path.join(workdir, "config.json")).read())["settings"]["separate"] == [
+        "vae/encoder", "vae/decoder"]

@@ -98,6 +98,10 @@ def test_dense_runs_once_per_seed_and_is_shared_by_every_pruner(tmp_path):
     assert [(cell.pruner, cell.sparsity) for cell in cells if cell.seed == 0] == [
         ("none", 0.0), ("snip", 0.5), ("snip", 0.9), ("grasp", 0.5), ("grasp", 0.9)]
     assert len(cells) == 10 and cells[0].relative_dir == os.path.join("cells", "hopper-medium", "bc", "none", "s0", "seed0")
+    split = prune_study.make_options(str(tmp_path / "study"), str(dataset), "bcq", "snip", "0.9", "0",
+                                     separate=["vae/encoder", "vae/decoder"])
+    assert prune_study.cell_run(prune_study.plan_cells(split)[0], split).settings.separate == ("vae/encoder",
+                                                                                               "vae/decoder")
     bad = [
         (dict(algos="cql"), "unknown offline algorithm 'cql'"),
         (dict(pruners="snip,snap"), "unknown pruner 'snap'"),
@@ -106,6 +110,8 @@ def test_dense_runs_once_per_seed_and_is_shared_by_every_pruner(tmp_path):
         (dict(seeds="0,x"), "--seeds takes comma-separated integers"),
         (dict(sets=["td3_bc.hidden_sizes=8"]), "not in --agents"),
         (dict(steps=0), "--steps must be >= 1"),
+        (dict(scope="layer", separate=["vae/encoder"]), "separate thresholds apply to snip, grasp and magnitude at network"),
+        (dict(separate=["vae"]), "separate takes network/module paths like vae/encoder"),
     ]
     for change, message in bad:
         arguments = {"algos": "bc", "pruners": "snip", "sparsities": "0.9", "seeds": "0", **change}

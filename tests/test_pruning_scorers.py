@@ -1,11 +1,14 @@
 """Saliency scores against hand-computed gradients and finite differences; SynFlow and random masks."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from pruning import (
+    PruneSettings,
     erk_densities,
     grasp_scores,
     hessian_gradient_product,
@@ -16,6 +19,7 @@ from pruning import (
     mask_overlap,
     masks_from_scores,
     prunable_leaves,
+    prune_networks,
     random_masks,
     scorers,
     snip_scores,
@@ -333,3 +337,45 @@ def test_grasp_mask_removes_the_largest_scores():
     kept = np.concatenate([np.ravel(leaf) for leaf in jax.tree.leaves(mask)])
     assert kept.sum() == round(0.5 * values.size)
     assert values[kept].max() <= values[~kept].min()
+
+
+def _two_part_network():
+    """A network of two parts on different scales: the encoder's weights are 100x the decoder's."""
+    rng = np.random.default_rng(0)
+    return {"encoder": {"dense_0": {"kernel": jnp.asarray(100.0 * rng.uniform(0.5, 1.0, (4, 6)), jnp.float32)},
+                        "head": {"kernel": jnp.asarray(100.0 * rng.uniform(0.5, 1.0, (6, 2)), jnp.float32)}},
+            "decoder": {"dense_0": {"kernel": jnp.asarray(rng.uniform(0.5, 1.0, (5, 8)), jnp.float32)},
+                        "head": {"kernel": jnp.asarray(rng.uniform(0.5, 1.0, (8, 3)), jnp.float32)}}}
+
+
+def test_separate_thresholds_give_each_named_part_its_own_exact_count():
+    params = {"vae": _two_part_network()}
+    settings = PruneSettings(sparsity=0.75, min_kept_per_layer=0)
+    joint = prune_networks("magnitude", params, {}, [], settings)["vae"]
+    assert kept_count(joint["decoder"]) == 0  # one threshold: the small-scale part is emptied
+    assert kept_count(joint) == round(0.25 * (24 + 12 + 40 + 24))
+    split = prune_networks("magnitude", params, {}, [],
+                           dataclasses.replace(settings, separate=("vae/encoder", "vae/decoder")))["vae"]
+    assert kept_count(split["encoder"]) == round(0.25 * 36) and kept_count(split["decoder"]) == round(0.25 * 64)
+    for part in ("encoder", "decoder"):  # within a part, the mask keeps the largest weights
+        values = np.concatenate([np.ravel(leaf) for leaf in jax.tree.leaves(params["vae"][part])])
+        kept = np.concatenate([np.ravel(leaf) for leaf in jax.tree.leaves(split[part])])
+        assert values[kept].min() >= values[~kept].max()
+    only_decoder = prune_networks("magnitude", params, {}, [],
+                                  dataclasses.replace(settings, separate=("vae/decoder",)))["vae"]
+    assert kept_count(only_decoder["decoder"]) == round(0.25 * 64)
+    assert kept_count(only_decoder["encoder"]) == round(0.25 * 36)  # the rest: one threshold over it alone
+
+
+@pytest.mark.parametrize("separate,pruner,scope,fragment", [
+    (("vae",), "magnitude", "network", "separate takes network/module paths like vae/encoder"),
+    (("critic/encoder",), "magnitude", "network", "separate path 'critic/encoder' names no network"),
+    (("vae/encoderx",), "magnitude", "network", "separate path 'vae/encoderx' names no sub-network of vae"),
+    (("vae/encoder", "vae/encoder/head"), "magnitude", "network", "overlap"),
+    (("vae/encoder",), "magnitude", "layer", "separate thresholds apply to snip, grasp and magnitude at network"),
+    (("vae/encoder",), "random", "network", "separate thresholds apply to snip, grasp and magnitude at network"),
+])
+def test_separate_rejects_bad_paths_and_other_pruners(separate, pruner, scope, fragment):
+    settings = PruneSettings(sparsity=0.5, scope=scope, separate=separate)
+    with pytest.raises(QrlInputError, match=fragment):
+        prune_networks(pruner, {"vae": _two_part_network()}, {}, [], settings, key=jax.random.PRNGKey(0))
