@@ -21,8 +21,8 @@ round `--steps` gradient steps (default: 5 rounds of 2000, BCQ 300); both proces
 between rounds and the one not being timed waits idle. Reported: the median steps/s over rounds
 of each side (for d3rlpy also of its updates alone, without drawing batches) and the median over
 rounds of the ratio qrl / d3rlpy within a round (target >= 3x). `--bf16` adds rows for agents
-whose config has a matmul dtype (TD3+BC's and IQL's `matmul_dtype`: every training matmul in bf16;
-BCQ's `target_matmul_dtype`: the 10-sample target pass in bf16); BC has none.
+whose config has a matmul dtype, all of them at bf16 (`matmul_dtype`: every training matmul in
+bf16; BCQ's `target_matmul_dtype`: also the 10-sample target pass); BC has none.
 
     python -m bench.offline_throughput --bf16 --json=runs/bench_offline/throughput.json
     python -m bench.offline_throughput --algos=bc,bcq --rounds=3 --set=bcq.batch_size=256
@@ -84,9 +84,10 @@ def parse_sets(items: list[str]) -> dict[str, dict[str, str]]:
     return grouped
 
 
-def matmul_dtype_field(config) -> Optional[str]:
+def matmul_dtype_fields(config) -> list[str]:
+    """The config's matmul dtype fields (`MATMUL_DTYPE_FIELDS` it has)."""
     names = {field.name for field in dataclasses.fields(config)}
-    return next((name for name in MATMUL_DTYPE_FIELDS if name in names), None)
+    return [name for name in MATMUL_DTYPE_FIELDS if name in names]
 
 
 def sizes_note(algo: str, config) -> str:
@@ -119,9 +120,10 @@ def candidates_for(algo: str, overrides: dict, bf16: bool) -> list[Candidate]:
 
     config = get_offline_agent(algo).config_for(overrides)
     found = [Candidate(algo, LABELS[algo], config)]
-    field = matmul_dtype_field(config)
-    if bf16 and field and getattr(config, field) != "bf16":
-        found.append(Candidate(algo, f"{LABELS[algo]}, {field}=bf16", config.replace(**{field: "bf16"})))
+    fields = [field for field in matmul_dtype_fields(config) if getattr(config, field) != "bf16"]
+    if bf16 and fields:
+        name = f"{LABELS[algo]}, {', '.join(f'{field}=bf16' for field in fields)}"
+        found.append(Candidate(algo, name, config.replace(**{field: "bf16" for field in fields})))
     return found
 
 

@@ -20,7 +20,7 @@ from qrl.evaluation import evaluate
 from qrl.networks.continuous import scale_actions
 from qrl.replay import Transition
 from tests.test_bc import ACTION_NOISE, _swing_up_data
-from tests.test_td3_bc import assert_masks_restored, check_synflow_masks
+from tests.test_td3_bc import assert_masks_restored, assert_steps_agree, check_synflow_masks
 
 ENV_ID = "gym:Pendulum-v1"
 BOUNDS = ((-2.0,), (2.0,))
@@ -232,6 +232,26 @@ def test_bf16_sampled_passes_match_fp32_within_tolerance():
     np.testing.assert_allclose(q16, q32, rtol=2e-2, atol=2e-2)
 
 
+def test_bf16_training_passes_track_fp32_updates():
+    """The same 4 fused updates with the losses' passes at bf16 and at fp32 (targets at fp32 both):
+    every parameter's step agrees in direction and size, params stay float32, the bf16 path ran."""
+    fp32 = bcq.config_for({**SMALL, "vae_hidden_sizes": "64-64", "critic_hidden_sizes": "64-64"})
+    bf16 = fp32.replace(matmul_dtype="bf16")
+    state = learning.init(jax.random.PRNGKey(0), fp32, 3, BOUNDS)
+    batches = _random_batches((4, 32))
+    after32, metrics32 = jax.jit(learning.make_update(fp32, BOUNDS))(state, batches)
+    after16, metrics16 = jax.jit(learning.make_update(bf16, BOUNDS))(state, batches)
+    for name in ("vae_params", "actor_params", "critic_params", "target_actor_params", "target_critic_params"):
+        start, leaves32, leaves16 = (jax.tree.leaves(getattr(tree, name)) for tree in (state, after32, after16))
+        for before, leaf32, leaf16 in zip(start, leaves32, leaves16):
+            assert leaf16.dtype == jnp.float32, name
+            assert_steps_agree(np.asarray(leaf16) - np.asarray(before), np.asarray(leaf32) - np.asarray(before), name)
+    assert not np.array_equal(after32.vae_params["decoder"]["head"]["kernel"],
+                              after16.vae_params["decoder"]["head"]["kernel"])
+    for metric in ("vae_loss", "critic_loss", "actor_loss"):
+        np.testing.assert_allclose(metrics16[metric], metrics32[metric], rtol=0.02, atol=1e-3, err_msg=metric)
+
+
 def _kernels(params):
     """The kernels as prunable leaves (`prunable_leaves` would also take the stacked critics' biases)."""
     return jax.tree_util.tree_map_with_path(lambda path, _: path[-1].key == "kernel", params)
@@ -310,12 +330,14 @@ def test_bcq_trains_a_few_default_sized_updates(noisy_swing_up_data, tmp_path):
 
 
 @pytest.mark.slow
-def test_bcq_recovers_the_noisy_data_policys_return(noisy_swing_up_data):
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_bcq_recovers_the_noisy_data_policys_return(noisy_swing_up_data, dtype):
     dataset, data_return = noisy_swing_up_data
     random_policy = np.random.default_rng(0)
     random_return = evaluate(lambda obs: random_policy.uniform(-2.0, 2.0, (len(obs), 1)), ENV_ID, 10, seed=0).mean
     assert data_return > random_return + 500.0  # the controller swings up; random actions do not.
-    _, results = bcq.train(dataset, ENV_ID, bcq.config_for(), steps=3000, seed=0, eval_every=0,
+    config = bcq.config_for({"matmul_dtype": dtype, "target_matmul_dtype": dtype})
+    _, results = bcq.train(dataset, ENV_ID, config, steps=3000, seed=0, eval_every=0,
                            reference=(random_return, data_return), progress=False)
     assert results["updates"] == 3000
     assert results["normalized_score"]["mean"] >= MIN_NORMALIZED_SCORE, (results["final_eval"], data_return)
@@ -332,6 +354,8 @@ def test_config_and_registry():
     assert learning.latent_size(config, 3) == 6
     with pytest.raises(QrlInputError, match="BCQ config target_matmul_dtype must be one of fp32, bf16"):
         bcq.config_for({"target_matmul_dtype": "fp16"})
+    with pytest.raises(QrlInputError, match="BCQ config matmul_dtype must be one of fp32, bf16"):
+        bcq.config_for({"matmul_dtype": "int8"})
     with pytest.raises(QrlInputError, match="BCQ config lmbda must be in"):
         bcq.config_for({"lmbda": 1.5})
     assert agents.get_offline_agent("bcq") is bcq and "bcq" not in agents.AGENT_NAMES

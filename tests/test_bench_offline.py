@@ -38,8 +38,10 @@ def test_throughput_bench_times_every_offline_agent_and_skips_a_missing_d3rlpy(t
                        f"--json={tmp_path / 'throughput.json'}")
     assert "d3rlpy: skipped (ModuleNotFoundError: No module named 'd3rlpy')" in output
     assert "| d3rlpy steps/s (updates alone) | qrl steps/s | qrl / d3rlpy (target ≥ 3×) |" in output
-    assert "| BCQ, target_matmul_dtype=bf16 | VAE 750-750, actor 400-300, critics 400-300, batch 100 | - |" in output
+    bcq_bf16 = "BCQ, matmul_dtype=bf16, target_matmul_dtype=bf16"
+    assert f"| {bcq_bf16} | VAE 750-750, actor 400-300, critics 400-300, batch 100 | - |" in output
     results = json.loads((tmp_path / "throughput.json").read_text())
-    assert [row["name"] for row in results["rows"]] == ["BC", "TD3+BC", "IQL", "BCQ", "BCQ, target_matmul_dtype=bf16"]
+    assert [row["name"] for row in results["rows"]] == [
+        "BC", "TD3+BC", "TD3+BC, matmul_dtype=bf16", "IQL", "IQL, matmul_dtype=bf16", "BCQ", bcq_bf16]
     assert all(row["qrl_steps_per_second"] > 0 and row["ratio"] is None for row in results["rows"])
     assert results["setup"]["d3rlpy"] is None and results["setup"]["xla_threads"] == 1

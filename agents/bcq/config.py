@@ -29,6 +29,7 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma", "lmbda"), "bcq")
     qrl_config.check_fraction(config, ("tau",), "bcq", low_open=True)
     qrl_config.check_choice(config, "target_matmul_dtype", qrl_config.MATMUL_DTYPES, "bcq")
+    qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "bcq")
     if not 0.0 <= config.phi <= 1.0:
         raise QrlInputError(f"BCQ config phi must be in [0, 1], got {config.phi}")
     if config.latent_size < 0:
@@ -60,6 +61,7 @@ class Config(qrl_config.ConfigMethods, agent="bcq", validate=validate):
     gamma: float = 0.99  # reference code.
     normalize_observations: bool = False  # the reference does not normalize observations.
     target_matmul_dtype: str = "fp32"  # "bf16": the sampled target and acting passes in bf16 (fp32 accumulation).
+    matmul_dtype: str = "fp32"  # "bf16": the VAE, critic and actor gradient passes in bf16; params stay fp32.
     acting_seed: int = 0  # the fixed key of the deterministic policy's candidate sampling.
     updates_per_call: int = 10  # updates fused per jitted call (K); DESIGN.md §6.
 

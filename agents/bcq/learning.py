@@ -160,14 +160,16 @@ class Forward:
     """The forward passes the update, the scoring losses and acting share, on unit actions.
 
     The sampled passes (`candidates`, `sampled_q`) run at `target_precision(config)`; the others
-    at fp32.
+    (the losses' passes) at `training_precision(config)` when `training`, else at fp32 (scoring
+    and initialization). Params stay float32 and are cast right before each apply.
     """
 
-    def __init__(self, config: Config, bounds):
+    def __init__(self, config: Config, bounds, training: bool = False):
         self.config, self.bounds = config, bounds
         action_size = len(bounds[0])
         self.latent_size = latent_size(config, action_size)
         self.precision = target_precision(config)
+        self.training_precision = offpolicy.training_precision(config) if training else FP32
         low, high = bounds
 
         def modules(precision):
@@ -176,27 +178,30 @@ class Forward:
                     CriticEnsemble(low, high, tuple(config.critic_hidden_sizes), precision, NUM_CRITICS),
                     CriticEnsemble(low, high, tuple(config.critic_hidden_sizes), precision, 1))
 
-        self.encoder = Encoder(tuple(config.vae_hidden_sizes), self.latent_size)
-        self.decoder, self.actor, self.critics, self.first_critic = modules(FP32)
+        self.encoder = Encoder(tuple(config.vae_hidden_sizes), self.latent_size, self.training_precision)
+        self.decoder, self.actor, self.critics, self.first_critic = modules(self.training_precision)
         self.sampled = modules(self.precision)
 
+    def _params(self, params):
+        return {"params": compute_params(params, self.training_precision)}
+
     def encode(self, vae_params, observations, unit_actions, temperature=1.0):
-        return self.encoder.apply({"params": vae_params["encoder"]}, observations, unit_actions, temperature)
+        return self.encoder.apply(self._params(vae_params["encoder"]), observations, unit_actions, temperature)
 
     def decode(self, vae_params, observations, latents, temperature=1.0):
-        return self.decoder.apply({"params": vae_params["decoder"]}, observations, latents, temperature)
+        return self.decoder.apply(self._params(vae_params["decoder"]), observations, latents, temperature)
 
     def perturb(self, actor_params, observations, unit_actions, temperature=1.0):
-        return self.actor.apply({"params": actor_params}, observations, unit_actions, temperature)
+        return self.actor.apply(self._params(actor_params), observations, unit_actions, temperature)
 
     def q_values(self, critic_params, observations, unit_actions):
         """All critics' `[C, B]` at unit actions."""
-        return self.critics.apply({"params": critic_params}, observations, scale_actions(unit_actions, *self.bounds))
+        return self.critics.apply(self._params(critic_params), observations, scale_actions(unit_actions, *self.bounds))
 
     def first_q(self, critic_params, observations, unit_actions):
         """`Q_1(s, a)` `[B]` at unit actions."""
         first = jax.tree.map(lambda leaf: leaf[:1], critic_params)
-        return self.first_critic.apply({"params": first}, observations, scale_actions(unit_actions, *self.bounds))[0]
+        return self.first_critic.apply(self._params(first), observations, scale_actions(unit_actions, *self.bounds))[0]
 
     def vae_loss(self, vae_params, observations, unit_actions, noise, temperature=1.0):
         """`vae_loss` with `z = mean + exp(log_std) * noise [B, L]`; outputs divided by `temperature`."""
@@ -379,10 +384,11 @@ def make_update(config: Config, bounds, masks: Optional[dict] = None):
 
     Metrics, averaged over the K updates, each loss before its step: `vae_loss`, `recon_loss`,
     `kl_loss`, `critic_loss`, `actor_loss`, `q_mean` (online critics at the data's actions),
-    `target_mean`.
+    `target_mean`. The losses' passes run at `matmul_dtype`, the sampled target pass at
+    `target_matmul_dtype`.
     """
     masks = network_masks(masks)
-    forward = Forward(config, bounds)
+    forward = Forward(config, bounds, training=True)
     optimizers = make_optimizers(config, masks)
 
     def step(name, params, grads, opt_state):
