@@ -20,7 +20,7 @@ from qrl.evaluation import evaluate
 from qrl.networks.continuous import scale_actions
 from qrl.replay import Transition
 from tests.test_bc import ACTION_NOISE, _swing_up_data
-from tests.test_td3_bc import assert_masks_restored, assert_steps_agree, check_synflow_masks
+from tests.test_td3_bc import assert_masks_restored, assert_steps_agree, check_synflow_masks, random_batches
 
 ENV_ID = "gym:Pendulum-v1"
 BOUNDS = ((-2.0,), (2.0,))
@@ -31,16 +31,6 @@ OBSERVATIONS = np.array([[1.0, 0.5], [-0.5, 2.0], [0.3, -1.2]], np.float32)
 ACTIONS = np.array([[1.0], [-2.0], [0.5]], np.float32)
 BATCH = Transition(OBSERVATIONS, ACTIONS, np.array([0.5, -1.0, 2.0], np.float32), np.array([1.0, 0.0, 1.0], np.float32),
                    np.array([[0.2, -0.4], [1.1, 0.7], [-0.8, -0.3]], np.float32))
-
-
-def _random_batches(shape, observation_size=3, seed=0):
-    rng = np.random.default_rng(seed)
-    return Transition(
-        rng.normal(size=shape + (observation_size,)).astype(np.float32),
-        rng.uniform(-2.0, 2.0, shape + (1,)).astype(np.float32),
-        rng.normal(size=shape).astype(np.float32), (rng.uniform(size=shape) > 0.1).astype(np.float32),
-        rng.normal(size=shape + (observation_size,)).astype(np.float32),
-    )
 
 
 def _tiny_vae():
@@ -140,7 +130,7 @@ def test_perturbation_is_bounded_by_phi_and_the_action_bounds():
 
 def test_fused_updates_equal_sequential_updates():
     config = bcq.config_for(SMALL)
-    batches = _random_batches((4, 8))
+    batches = random_batches((4, 8))
     update = jax.jit(learning.make_update(config, BOUNDS))
     state = learning.init(jax.random.PRNGKey(0), config, 3, BOUNDS)
     fused, fused_metrics = update(state, batches)
@@ -216,7 +206,7 @@ def test_bf16_sampled_passes_match_fp32_within_tolerance():
     fp32 = bcq.config_for(SMALL)
     bf16 = fp32.replace(target_matmul_dtype="bf16")
     state = learning.init(jax.random.PRNGKey(0), fp32, 3, BOUNDS)
-    batch = jax.tree.map(lambda leaf: leaf[0], _random_batches((1, 64)))
+    batch = jax.tree.map(lambda leaf: leaf[0], random_batches((1, 64)))
     forward32, forward16 = learning.Forward(fp32, BOUNDS), learning.Forward(bf16, BOUNDS)
     latents = forward32.target_latents(jax.random.PRNGKey(1), 64)
     args = (state.vae_params, state.target_actor_params, state.target_critic_params, batch, latents)
@@ -238,7 +228,7 @@ def test_bf16_training_passes_track_fp32_updates():
     fp32 = bcq.config_for({**SMALL, "vae_hidden_sizes": "64-64", "critic_hidden_sizes": "64-64"})
     bf16 = fp32.replace(matmul_dtype="bf16")
     state = learning.init(jax.random.PRNGKey(0), fp32, 3, BOUNDS)
-    batches = _random_batches((4, 32))
+    batches = random_batches((4, 32))
     after32, metrics32 = jax.jit(learning.make_update(fp32, BOUNDS))(state, batches)
     after16, metrics16 = jax.jit(learning.make_update(bf16, BOUNDS))(state, batches)
     for name in ("vae_params", "actor_params", "critic_params", "target_actor_params", "target_critic_params"):

@@ -40,6 +40,17 @@ DISCOUNTS = np.array([1.0, 0.0, 1.0], np.float32)
 BATCH = Transition(OBSERVATIONS, ACTIONS, REWARDS, DISCOUNTS, NEXT_OBSERVATIONS)
 
 
+def random_batches(shape, observation_size=3, seed=0) -> Transition:
+    """Random transitions `[*shape, ...]`: actions inside BOUNDS, about 10% terminals."""
+    rng = np.random.default_rng(seed)
+    return Transition(
+        rng.normal(size=shape + (observation_size,)).astype(np.float32),
+        rng.uniform(-2.0, 2.0, shape + (1,)).astype(np.float32),
+        rng.normal(size=shape).astype(np.float32), (rng.uniform(size=shape) > 0.1).astype(np.float32),
+        rng.normal(size=shape + (observation_size,)).astype(np.float32),
+    )
+
+
 def _tiny_actor(head_scale=1.0):
     """A 2 -> 3 -> 1 actor with fixed weights (`DeterministicActor`'s tree)."""
     return {
@@ -189,13 +200,7 @@ def test_synflow_prunes_every_network_to_the_exact_count_without_layer_collapse(
 
 def test_fused_updates_equal_sequential_updates():
     config = td3_bc.config_for({"hidden_sizes": "16-16"})
-    rng = np.random.default_rng(0)
-    size = (4, 8)
-    batches = Transition(
-        rng.normal(size=size + (3,)).astype(np.float32), rng.uniform(-2.0, 2.0, size + (1,)).astype(np.float32),
-        rng.normal(size=size).astype(np.float32), (rng.uniform(size=size) > 0.1).astype(np.float32),
-        rng.normal(size=size + (3,)).astype(np.float32),
-    )
+    batches = random_batches((4, 8))
     update = jax.jit(learning.make_update(config, BOUNDS))
     state = learning.init(jax.random.PRNGKey(0), config, 3, BOUNDS)
     fused, fused_metrics = update(state, batches)
@@ -216,13 +221,7 @@ def test_bf16_updates_track_fp32_updates():
     precision, and the bf16 path did run (the results differ)."""
     fp32 = td3_bc.config_for({"hidden_sizes": "64-64"})
     bf16 = fp32.replace(matmul_dtype="bf16")
-    rng = np.random.default_rng(3)
-    size = (4, 32)
-    batches = Transition(
-        rng.normal(size=size + (3,)).astype(np.float32), rng.uniform(-2.0, 2.0, size + (1,)).astype(np.float32),
-        rng.normal(size=size).astype(np.float32), (rng.uniform(size=size) > 0.1).astype(np.float32),
-        rng.normal(size=size + (3,)).astype(np.float32),
-    )
+    batches = random_batches((4, 32), seed=3)
     state = learning.init(jax.random.PRNGKey(0), fp32, 3, BOUNDS)
     after32, metrics32 = jax.jit(learning.make_update(fp32, BOUNDS))(state, batches)
     after16, metrics16 = jax.jit(learning.make_update(bf16, BOUNDS))(state, batches)
