@@ -22,7 +22,7 @@ from flax import serialization
 import qrl
 from launch.runs import prepare_workdir
 from pruning import PruneSettings, check_mask, kept_fraction, layer_kept_fractions, mask_from_arrays, mask_to_arrays
-from pruning import prune_networks, sparse
+from pruning import prune_networks, sparse, subtree_at
 from qrl import io, offline, runtime
 from qrl.datasets import d4rl, files, from_qlearning, normalize_observations, sample
 from qrl.errors import QrlInputError
@@ -101,15 +101,6 @@ def mask_summary(masks: dict) -> dict:
             for name, mask in masks.items()}
 
 
-def _network_part(trees: Mapping[str, Any], path: str) -> Any:
-    """`trees["vae"]["decoder"]` for `path="vae/decoder"`: the part of a network that the deployed
-    policy runs (BCQ acts with the VAE's decoder, not its encoder); None where a mask is absent."""
-    part = trees
-    for key in path.split("/"):
-        part = part.get(key) if part is not None else None
-    return part
-
-
 def _all_kept(params) -> Any:
     """A mask keeping every weight (ndim >= 2, not biases): the accounting of an unpruned network."""
     def flag(path, leaf):
@@ -177,8 +168,9 @@ def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, prog
     )
     trained = algo.learning.networks_at_init(state)
     policy_networks = getattr(algo.learning, "POLICY_NETWORKS", ("actor",))
-    policy = {name: _network_part(trained, name) for name in policy_networks}
-    policy_mask = {name: _network_part(masks, name) for name in policy_networks}
+    # The parts of the networks the deployed policy runs (BCQ acts with the VAE's decoder, not its encoder).
+    policy = {name: subtree_at(trained, name) for name in policy_networks}
+    policy_mask = {name: subtree_at(masks, name) for name in policy_networks}
     policy_mask = {name: mask if mask is not None else _all_kept(policy[name]) for name, mask in policy_mask.items()}
     memory = sparse.memory_table(policy, policy_mask)
     for precision in sparse.PRECISIONS:

@@ -155,9 +155,15 @@ def _separate_groups(paths: Sequence[str], networks: Mapping[str, Any]) -> dict[
     return groups
 
 
+def subtree_at(tree: Any, path: str) -> Any:
+    """`tree["vae"]["decoder"]` for `path="vae/decoder"` (a sub-network by its slash path); None
+    where the walk meets a None (an absent mask)."""
+    return _subtree(tree, tuple(path.split("/")))
+
+
 def _subtree(tree: Any, keys: tuple[str, ...]) -> Any:
     for key in keys:
-        tree = tree[key]
+        tree = None if tree is None else tree[key]
     return tree
 
 
