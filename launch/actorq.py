@@ -12,6 +12,11 @@
 Writes config.json, metrics.csv, TensorBoard events (tb/), learner checkpoints (checkpoints/),
 results.json (time to target, returns, throughput per node, runtime breakdown, bytes per
 publish, CPU seconds, energy estimate) and breakdown.png.
+
+Exit status: 0 done; 2 bad input (one `error:` line, before anything is written — or, for what
+only a node can find, such as no intact checkpoint to resume from, as soon as it finds it); 1 a
+node died or failed (one `error:` line naming the last checkpoint); 130 Ctrl-C or SIGTERM, after
+every node stopped and the learner wrote a final checkpoint.
 """
 
 import signal
@@ -21,6 +26,7 @@ from absl import flags
 
 from launch import common
 from agents.actorq import run_actorq
+from qrl.distributed.launching import NodeFailure
 from qrl.distributed.run import ActorQConfig
 
 FLAGS = flags.FLAGS
@@ -57,6 +63,9 @@ flags.DEFINE_float("target_return", None, "Stop once an evaluation of the fp32 p
 flags.DEFINE_integer("checkpoint_every", _DEFAULTS.checkpoint_every, "Learner updates between checkpoints (0: only at the end).")
 flags.DEFINE_string("launcher", _DEFAULTS.launcher, "inprocess (threads) or ray (a process per node).")
 flags.DEFINE_string("ray_address", None, "host:port of a running Ray cluster to join (default: start a local Ray).")
+flags.DEFINE_string("ray_bind_address", _DEFAULTS.ray_bind_address,
+                    "IP address of this machine the local Ray's servers listen on and advertise (default loopback: "
+                    "reachable from this machine only); joining a cluster, the address the driver is reached at.")
 flags.DEFINE_float("learner_cpus", _DEFAULTS.learner_cpus, "Ray CPUs of the learner.")
 flags.DEFINE_float("actor_cpus", _DEFAULTS.actor_cpus, "Ray CPUs of each actor.")
 flags.DEFINE_float("evaluator_cpus", _DEFAULTS.evaluator_cpus, "Ray CPUs of the evaluator.")
@@ -79,6 +88,7 @@ def config_from_flags() -> ActorQConfig:
         max_eval_episode_steps=FLAGS.max_eval_episode_steps, max_learner_steps=FLAGS.max_learner_steps,
         max_actor_steps=FLAGS.max_actor_steps, max_seconds=FLAGS.max_seconds, target_return=FLAGS.target_return,
         checkpoint_every=FLAGS.checkpoint_every, launcher=FLAGS.launcher, ray_address=FLAGS.ray_address,
+        ray_bind_address=FLAGS.ray_bind_address,
         learner_cpus=FLAGS.learner_cpus, actor_cpus=FLAGS.actor_cpus, evaluator_cpus=FLAGS.evaluator_cpus,
         overrides=common.parse_overrides(FLAGS.set),
     )
@@ -93,6 +103,9 @@ def run() -> None:
     except KeyboardInterrupt:
         print("interrupted: every node stopped", file=sys.stderr)
         sys.exit(130)
+    except NodeFailure as failure:
+        print(f"error: {failure}", file=sys.stderr, flush=True)
+        sys.exit(1)
     final, target = results["final_return"], results["time_to_target_seconds"]
     reached = f"target reached after {target:.1f} s; " if target is not None else ""
     print(

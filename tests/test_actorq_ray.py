@@ -1,8 +1,14 @@
 """ActorQ on Ray: a killed actor process is restarted and the run finishes; when a run ends or
-gets Ctrl-C, no Ray process (raylet, GCS, workers) is left behind."""
+gets Ctrl-C or SIGTERM, no Ray process (raylet, GCS, workers) is left behind and SIGTERM leaves a
+final checkpoint; every socket a local Ray listens on is on loopback; a killed learner ends the
+run with one line naming its last checkpoint, and resuming from corrupt checkpoints is refused
+with one line."""
 
+import glob
+import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,8 +42,37 @@ def _run_processes(run_id: str) -> list[psutil.Process]:
     return found
 
 
+def _node_processes(run_id: str, node_class: str) -> list[psutil.Process]:
+    marker = f"ray::{node_class}"
+    return [p for p in _run_processes(run_id) if marker in " ".join([p.info["name"] or ""] + (p.info["cmdline"] or []))]
+
+
 def _actor_processes(run_id: str) -> list[psutil.Process]:
-    return [p for p in _run_processes(run_id) if "ray::Actor" in " ".join([p.info["name"] or ""] + (p.info["cmdline"] or []))]
+    return _node_processes(run_id, "Actor")
+
+
+def _listening_sockets(run_id: str) -> list[tuple[int, str, str]]:
+    """(pid, process name, "ip:port") of every listening TCP and every bound UDP socket of the run."""
+    found = []
+    for process in _run_processes(run_id):
+        try:
+            for connection in process.net_connections(kind="inet"):
+                if connection.status in (psutil.CONN_LISTEN, psutil.CONN_NONE) and connection.laddr:
+                    found.append((process.pid, process.info["name"], f"{connection.laddr.ip}:{connection.laddr.port}"))
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.rpartition(":")[0])
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
+
+
+def _latest_checkpoint(workdir) -> int | None:
+    steps = [int(os.path.basename(path)) for path in glob.glob(os.path.join(workdir, "checkpoints", "*"))
+             if os.path.basename(path).isdigit()]
+    return max(steps) if steps else None
 
 
 def _assert_no_orphans(run_id: str, grace: float = 15.0) -> None:
@@ -62,14 +97,14 @@ def run_id():
             pass
 
 
-def _start(run_id: str, workdir, *flags) -> subprocess.Popen:
+def _start(run_id: str, workdir, *flags, separate_stderr: bool = False) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": REPO, RUN_MARKER: run_id}
     # A shell's background job starts with SIGINT ignored and its children inherit that; the driver
     # must start with the default disposition, as from a terminal, for Ctrl-C to reach it.
     return subprocess.Popen(
         [sys.executable, "-m", "launch.actorq", "--launcher=ray", f"--workdir={workdir}", *SMALL_DQN, *flags],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE if separate_stderr else subprocess.STDOUT,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
@@ -127,4 +162,97 @@ def test_ctrl_c_stops_every_node(tmp_path, run_id):
             process.kill()
     assert process.returncode == 130, output
     assert "interrupted" in output
+    _assert_no_orphans(run_id)
+
+
+def test_sigterm_ends_like_ctrl_c_with_a_final_checkpoint_and_every_socket_is_on_loopback(tmp_path, run_id):
+    workdir = tmp_path / "run"
+    process = _start(run_id, workdir, "--num_actors=1", "--max_seconds=300")
+    try:
+        _wait_for_actors(run_id, 1, process)
+        time.sleep(3.0)
+        sockets = _listening_sockets(run_id)
+        process.send_signal(signal.SIGTERM)
+        output = _communicate(process, timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert len(sockets) >= 5, sockets  # the driver, GCS, raylet (2), the actor: the check saw them
+    assert [entry for entry in sockets if not _is_loopback(entry[2])] == [], sockets
+    assert process.returncode == 130, output
+    assert "interrupted" in output
+    assert _latest_checkpoint(workdir) is not None, "no final checkpoint"
+    _assert_no_orphans(run_id)
+
+
+@pytest.fixture(scope="module")
+def killed_learner_run(tmp_path_factory):
+    """A Ray run whose learner process is killed after its first checkpoints: (driver, stdout,
+    stderr, workdir)."""
+    run_id = uuid.uuid4().hex
+    workdir = tmp_path_factory.mktemp("killed") / "run"
+    process = _start(run_id, workdir, "--num_actors=1", "--max_seconds=300", "--checkpoint_every=20",
+                     separate_stderr=True)
+    try:
+        learner = _node_processes_when_started(run_id, "Learner", process)
+        deadline = time.monotonic() + 120
+        while _latest_checkpoint(workdir) is None and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.5)
+        time.sleep(1.0)  # let an in-flight checkpoint finish before the kill
+        learner.send_signal(signal.SIGKILL)
+        stdout, stderr = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    yield process, stdout, stderr, workdir, run_id
+    for leftover in _run_processes(run_id):
+        try:
+            leftover.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _node_processes_when_started(run_id: str, node_class: str, process: subprocess.Popen) -> psutil.Process:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        found = _node_processes(run_id, node_class)
+        if found:
+            return found[0]
+        time.sleep(0.5)
+    pytest.fail(f"no {node_class} process started")
+
+
+def test_killed_learner_ends_the_run_with_one_line_and_its_checkpoint_intact(killed_learner_run):
+    process, stdout, stderr, workdir, run_id = killed_learner_run
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert process.returncode == 1, stderr
+    assert len(lines) == 1, stderr
+    step = _latest_checkpoint(workdir)
+    assert step is not None
+    assert lines[0] == (f"error: the learner process died; last checkpoint at step {step} in "
+                        f"{os.path.join(workdir, 'checkpoints')}")
+    # orbax renames a step's directory into place once written: a numbered one is whole.
+    assert os.path.getsize(os.path.join(workdir, "checkpoints", str(step), "state", "_METADATA")) > 0
+    _assert_no_orphans(run_id)
+
+
+def test_resume_from_corrupt_checkpoints_is_one_line_and_exit_2(killed_learner_run, tmp_path, run_id):
+    _, _, _, killed, _ = killed_learner_run
+    workdir = tmp_path / "run"
+    shutil.copytree(killed, workdir)
+    metadata = glob.glob(str(workdir / "checkpoints" / "*" / "state" / "_METADATA"))
+    assert metadata
+    for path in metadata:
+        with open(path, "wb") as file:
+            file.write(b"\x00garbage\xff" * 4)
+    process = _start(run_id, workdir, "--num_actors=1", "--max_seconds=300", "--checkpoint_every=20", "--resume",
+                     separate_stderr=True)
+    try:
+        _, stderr = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert process.returncode == 2, stderr
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "checkpoint" in lines[0], stderr
     _assert_no_orphans(run_id)

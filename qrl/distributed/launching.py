@@ -3,10 +3,12 @@
 A `Program` lists `NodeSpec`s in creation order; a spec's kwargs may hold `NodeRef(name)`
 placeholders, which a backend replaces by handles of nodes created before it. A backend
 creates nodes, starts their `run()` and reports whether each run is going, finished, died (its
-process vanished) or failed (raised). `supervise` starts everything, polls a stop condition,
+process vanished) or failed (raised; the status carries the exception). `supervise` starts everything, polls a stop condition,
 restarts restartable nodes whose process died, and on any exit — stop condition, failure,
 Ctrl-C — stops every node, waits for their runs, gathers their stats and shuts the backend down,
-so no node process outlives the program.
+so no node process outlives the program. A node that fails to start or fails for good ends the
+program with a one-line `Outcome.error`; `Outcome.input_error` says whether it was bad input
+(a `QrlInputError` raised inside the node, e.g. a corrupt checkpoint to resume from).
 
 `InProcessBackend` runs every node in this process, each `run()` in a thread (launchpad's
 `local_mt`); `qrl.distributed.ray_launcher.RayBackend` runs each node as a Ray actor process.
@@ -14,13 +16,36 @@ so no node process outlives the program.
 
 import concurrent.futures
 import dataclasses
+import ipaddress
+import socket
 import threading
 import time
 from typing import Any, Callable, Optional, Protocol
 
 from qrl.distributed.handles import LocalHandle
+from qrl.errors import QrlInputError
 
 RUNNING, FINISHED, DIED, FAILED = "running", "finished", "died", "failed"
+DEFAULT_BIND_ADDRESS = "127.0.0.1"
+
+
+def check_bind_address(address: str) -> str:
+    """`address` if it is an IP address of this machine that a server can listen on (what
+    `--ray_bind_address` takes); else one QrlInputError line. Starts nothing but a probe socket."""
+    try:
+        parsed = ipaddress.ip_address(str(address).strip())
+    except ValueError:
+        raise QrlInputError(f"--ray_bind_address must be an IP address of this machine, got {address!r}") from None
+    if parsed.is_unspecified or parsed.is_multicast:
+        raise QrlInputError(f"--ray_bind_address must be one address of this machine, not {parsed}")
+    family = socket.AF_INET6 if parsed.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(parsed), 0))
+    except OSError as error:
+        raise QrlInputError(f"--ray_bind_address {parsed} is not an address of this machine: "
+                            f"{error.strerror or error}") from None
+    return str(parsed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +86,9 @@ class Outcome:
     seconds: float
     stats: dict  # node name -> its stats() (absent when the node could not answer)
     restarts: dict  # node name -> times restarted
-    error: Optional[str] = None
+    error: Optional[str] = None  # one line: which node failed and how
     final: Any = None  # what `on_stop` returned
+    input_error: bool = False  # the failure was a QrlInputError raised inside a node
 
 
 class Backend(Protocol):
@@ -72,7 +98,8 @@ class Backend(Protocol):
 
     def start_run(self, name: str) -> None: ...
 
-    def status(self, name: str) -> tuple[str, Optional[str]]: ...
+    def status(self, name: str) -> tuple[str, Optional[BaseException]]:
+        """The run's state and, when it failed, the exception it raised."""
 
     def restart(self, name: str) -> Any: ...
 
@@ -94,7 +121,7 @@ class InProcessBackend:
         self._specs: dict[str, tuple[NodeSpec, dict]] = {}
         self._handles: dict[str, LocalHandle] = {}
         self._threads: dict[str, threading.Thread] = {}
-        self._errors: dict[str, str] = {}
+        self._errors: dict[str, BaseException] = {}
 
     def create(self, spec: NodeSpec, kwargs: dict) -> LocalHandle:
         self._specs[spec.name] = (spec, kwargs)
@@ -112,13 +139,13 @@ class InProcessBackend:
             try:
                 node.run()
             except Exception as error:  # reported through status(); the supervisor decides.
-                self._errors[name] = f"{type(error).__name__}: {error}"
+                self._errors[name] = error
 
         thread = threading.Thread(target=run, name=f"qrl-{name}", daemon=True)
         self._threads[name] = thread
         thread.start()
 
-    def status(self, name: str) -> tuple[str, Optional[str]]:
+    def status(self, name: str) -> tuple[str, Optional[BaseException]]:
         if name in self._errors:
             return FAILED, self._errors[name]
         thread = self._threads.get(name)
@@ -159,47 +186,69 @@ def supervise(
     """
     handles: dict[str, Any] = {}
     restarts: dict[str, int] = {}
-    reason, error, final = "failed", None, None
+    reason, failure, final = "failed", None, None
+    stats: dict = {}
     start = time.monotonic()
     try:
-        for spec in program.nodes:
-            handles[spec.name] = backend.create(spec, resolve(spec.kwargs, handles))
-        backend.wait_ready(program.names())
-        if on_start is not None:
-            on_start(handles)
-        for spec in program.nodes:
-            backend.start_run(spec.name)
-        start = time.monotonic()
-        stop_reason = None
-        while stop_reason is None:
-            time.sleep(poll_seconds)
+        try:
             for spec in program.nodes:
-                state, message = backend.status(spec.name)
-                if state == DIED and spec.restartable:
-                    handles[spec.name] = backend.restart(spec.name)
-                    restarts[spec.name] = restarts.get(spec.name, 0) + 1
-                elif state in (DIED, FAILED):
-                    raise NodeFailure(f"node {spec.name} {state}: {message or 'its process exited'}")
-            stop_reason = should_stop(handles, time.monotonic() - start)
-        reason = stop_reason
-    except KeyboardInterrupt:
-        reason = "interrupted"
-    except NodeFailure as failure:
-        error = str(failure)
-    seconds = time.monotonic() - start
-    stats: dict = {}
-    try:
-        if handles:
-            final = _stop_all(backend, program, handles, stop_order, on_stop, stats)
-    except KeyboardInterrupt:
-        reason = "interrupted"
+                handles[spec.name] = backend.create(spec, resolve(spec.kwargs, handles))
+            backend.wait_ready(program.names())
+            if on_start is not None:
+                on_start(handles)
+            for spec in program.nodes:
+                backend.start_run(spec.name)
+            start = time.monotonic()
+            stop_reason = None
+            while stop_reason is None:
+                time.sleep(poll_seconds)
+                for spec in program.nodes:
+                    state, detail = backend.status(spec.name)
+                    if state == DIED and spec.restartable:
+                        handles[spec.name] = backend.restart(spec.name)
+                        restarts[spec.name] = restarts.get(spec.name, 0) + 1
+                    elif state == DIED:
+                        raise NodeFailure(f"the {spec.name} process died")
+                    elif state == FAILED:
+                        raise NodeFailure(f"node {spec.name} failed: {describe_error(detail)}",
+                                          input_error=isinstance(detail, QrlInputError))
+                stop_reason = should_stop(handles, time.monotonic() - start)
+            reason = stop_reason
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        except NodeFailure as error:
+            failure = error
+        seconds = time.monotonic() - start
+        try:
+            if handles:
+                final = _stop_all(backend, program, handles, stop_order, on_stop, stats)
+        except KeyboardInterrupt:
+            reason = "interrupted"
+        except NodeFailure as error:
+            failure = failure or error
     finally:
         backend.shutdown()
-    return Outcome(reason=reason, seconds=seconds, stats=stats, restarts=restarts, error=error, final=final)
+    return Outcome(reason=reason, seconds=seconds, stats=stats, restarts=restarts,
+                   error=str(failure) if failure is not None else None, final=final,
+                   input_error=bool(failure is not None and failure.input_error))
+
+
+def describe_error(error: Optional[BaseException]) -> str:
+    """One line for an exception a node raised: a QrlInputError's message as it is (it already
+    reads as the error), any other `Type: message`."""
+    if error is None:
+        return "its process exited"
+    text = " ".join(str(error).split())
+    return text if isinstance(error, QrlInputError) else f"{type(error).__name__}: {text}"
 
 
 class NodeFailure(RuntimeError):
-    """A node that cannot be restarted raised or lost its process."""
+    """A node that cannot be restarted raised, failed to start or lost its process; the message
+    is one line. `input_error`: the node raised a QrlInputError (bad input, not a fault)."""
+
+    def __init__(self, message: str, input_error: bool = False):
+        super().__init__(message)
+        self.input_error = input_error
 
 
 def _stop_all(backend, program: Program, handles: dict, stop_order, on_stop, stats: dict) -> Any:
@@ -209,7 +258,10 @@ def _stop_all(backend, program: Program, handles: dict, stop_order, on_stop, sta
     backend.wait_runs(order, timeout=30.0)
     final = None
     if on_stop is not None:
-        final = on_stop(handles)
+        try:
+            final = on_stop(handles)
+        except Exception as error:  # a node gone: the failure that stopped the run says why.
+            raise NodeFailure(f"the final evaluation and checkpoint failed: {describe_error(error)}") from None
     for name in program.names():
         result = _quietly(lambda: handles[name].call("stats"))
         if result is not None:

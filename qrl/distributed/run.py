@@ -9,6 +9,7 @@ estimate; `qrl.distributed.report` reads it) and `breakdown.png`.
 """
 
 import dataclasses
+import math
 import os
 import shutil
 import time
@@ -21,11 +22,14 @@ from qrl.distributed.actor import Actor
 from qrl.distributed.agent import DistributedAgent, exploration_schedule
 from qrl.distributed.counting import Counter
 from qrl.distributed.evaluator import Evaluator
-from qrl.distributed.launching import InProcessBackend, NodeRef, NodeSpec, Program, supervise
+from qrl.checkpointing import Checkpointer
+from qrl.distributed.launching import (
+    DEFAULT_BIND_ADDRESS, InProcessBackend, NodeFailure, NodeRef, NodeSpec, Program, check_bind_address, supervise,
+)
 from qrl.distributed.learner import Learner
 from qrl.distributed.rate_limiters import SampleToInsertRatio, default_error_buffer
 from qrl.distributed.replay import ReplayServer
-from qrl.envs.ids import HOST_FAMILIES, split_env_id
+from qrl.envs.ids import HOST_FAMILIES, check_seed, split_env_id
 from qrl.errors import QrlInputError
 from qrl.logging import MetricsLogger
 
@@ -35,8 +39,10 @@ CONFIG_FILE, RESULTS_FILE, CHECKPOINT_DIR = "config.json", "results.json", "chec
 # Settings a resumed run may change; everything else must match the run it continues.
 RESUMABLE_FIELDS = (
     "max_learner_steps", "max_actor_steps", "max_seconds", "target_return", "launcher", "ray_address",
-    "learner_cpus", "actor_cpus", "evaluator_cpus", "eval_every_seconds", "eval_episodes",
+    "ray_bind_address", "learner_cpus", "actor_cpus", "evaluator_cpus", "eval_every_seconds", "eval_episodes",
 )
+MAX_ACTORS = 1024  # a sanity bound: each actor is a process (Ray) or a thread (in-process).
+MAX_CPUS_PER_NODE = 1024.0
 COUNTS = ("actor_steps", "learner_steps", "episodes")
 ACTOR_PHASES = ("env_step", "inference", "pull_wait", "deserialize", "load", "insert", "other")
 LEARNER_PHASES = ("sample_wait", "update", "publish", "other")
@@ -78,6 +84,7 @@ class ActorQConfig:
     checkpoint_every: int = 10_000  # learner updates between checkpoints (0: only at the end).
     launcher: str = "inprocess"
     ray_address: Optional[str] = None
+    ray_bind_address: str = DEFAULT_BIND_ADDRESS  # the local Ray's node address (loopback: this machine only).
     learner_cpus: float = 1.0
     actor_cpus: float = 1.0
     evaluator_cpus: float = 0.0
@@ -101,11 +108,10 @@ def validate(config: ActorQConfig) -> None:
     family, _ = split_env_id(config.env)
     if family not in HOST_FAMILIES:
         raise QrlInputError(f"ActorQ actors step host environments ({', '.join(HOST_FAMILIES)}); got {config.env}")
-    if config.num_actors < 1:
-        raise QrlInputError(f"--num_actors must be >= 1, got {config.num_actors}")
+    check_seed(config.seed)
+    _check_range("num_actors", config.num_actors, 1, MAX_ACTORS)
     for name in ("envs_per_actor", "actor_update_period", "publish_period", "insert_chunk", "eval_episodes"):
-        if getattr(config, name) < 1:
-            raise QrlInputError(f"--{name} must be >= 1, got {getattr(config, name)}")
+        _check_range(name, getattr(config, name), 1)
     weights.check_precision(config.actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
     weights.check_precision(config.resolved_comm_precision, weights.COMM_PRECISIONS, "communication precision")
     if config.activation_scales not in ACTIVATION_SCALES:
@@ -114,19 +120,39 @@ def validate(config: ActorQConfig) -> None:
         raise QrlInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {config.launcher!r}")
     if config.ray_address and config.launcher != "ray":
         raise QrlInputError("--ray_address needs --launcher=ray")
+    check_bind_address(config.ray_bind_address)
     stops = (config.max_learner_steps, config.max_actor_steps, config.max_seconds, config.target_return)
     if all(value is None for value in stops):
         raise QrlInputError("give a stop condition: --max_learner_steps, --max_actor_steps, --max_seconds or --target_return")
-    for name in ("max_learner_steps", "max_actor_steps", "max_seconds", "samples_per_insert", "min_replay_size",
-                 "replay_capacity", "eval_every_seconds"):
-        value = getattr(config, name)
-        if value is not None and value <= 0:
-            raise QrlInputError(f"--{name} must be > 0, got {value}")
-    if config.checkpoint_every < 0:
-        raise QrlInputError(f"--checkpoint_every must be >= 0, got {config.checkpoint_every}")
+    for name in ("max_learner_steps", "max_actor_steps", "min_replay_size", "replay_capacity", "max_eval_episode_steps"):
+        if getattr(config, name) is not None:
+            _check_range(name, getattr(config, name), 1)
+    for name in ("max_seconds", "samples_per_insert", "eval_every_seconds"):
+        if getattr(config, name) is not None:
+            _check_range(name, getattr(config, name), 0, exclusive_low=True)
+    if config.target_return is not None:
+        _check_range("target_return", config.target_return)
+    _check_range("checkpoint_every", config.checkpoint_every, 0)
+    _check_range("samples_per_insert_tolerance", config.samples_per_insert_tolerance, 0)
+    _check_range("priority_exponent", config.priority_exponent, 0)
+    _check_range("importance_exponent", config.importance_exponent, 0, 1)
+    for name in ("exploration_first", "exploration_last"):
+        if getattr(config, name) is not None:
+            _check_range(name, getattr(config, name), 0, exclusive_low=True)
     for name in ("learner_cpus", "actor_cpus", "evaluator_cpus"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"--{name} must be >= 0, got {getattr(config, name)}")
+        _check_range(name, getattr(config, name), 0, MAX_CPUS_PER_NODE)
+
+
+def _check_range(name: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
+                 exclusive_low: bool = False) -> None:
+    """`--name` must be a finite number in `[low, high]` (`(low, high]` with `exclusive_low`)."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not is_number or not math.isfinite(value):
+        raise QrlInputError(f"--{name} must be a finite number, got {value!r}")
+    if low is not None and (value <= low if exclusive_low else value < low):
+        raise QrlInputError(f"--{name} must be {'>' if exclusive_low else '>='} {low}, got {value}")
+    if high is not None and value > high:
+        raise QrlInputError(f"--{name} must be <= {high}, got {value}")
 
 
 def _env_specs(config: ActorQConfig):
@@ -264,6 +290,11 @@ def run_actorq(config: ActorQConfig, agent_factory: Callable[[Any, Any], Distrib
                resume: bool = False, overwrite: bool = False, printer: Callable[[str], None] = print) -> dict:
     """Runs ActorQ with `config`; returns the results dict (also written to `workdir`).
 
+    Bad input — here or raised inside a node, e.g. no intact checkpoint to resume from — is a
+    QrlInputError; a node that dies or fails for good a one-line NodeFailure naming the last
+    checkpoint; Ctrl-C (and SIGTERM under launch.actorq) KeyboardInterrupt, after every node
+    stopped and the learner wrote a final checkpoint.
+
     `agent_factory(observation_spec, action_spec) -> DistributedAgent` builds the agent in each
     node's process, so it must pickle by value (see `agents.actorq.AgentFactory`).
     """
@@ -310,7 +341,9 @@ def run_actorq(config: ActorQConfig, agent_factory: Callable[[Any, Any], Distrib
     if outcome.reason == "interrupted":
         raise KeyboardInterrupt
     if outcome.error is not None:
-        raise RuntimeError(outcome.error)
+        if outcome.input_error:
+            raise QrlInputError(outcome.error)
+        raise NodeFailure(f"{outcome.error}; {_checkpoint_note(workdir)}")
     results = _results(config, outcome, progress, pids, meter)
     if workdir:
         io.atomic_write_json(os.path.join(workdir, RESULTS_FILE), results)
@@ -323,13 +356,22 @@ def run_actorq(config: ActorQConfig, agent_factory: Callable[[Any, Any], Distrib
     return results
 
 
+def _checkpoint_note(workdir: Optional[str]) -> str:
+    """Where the run can be resumed from: its latest learner checkpoint, or that there is none."""
+    directory = os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR) if workdir else None
+    step = Checkpointer(directory).latest_step() if directory and os.path.isdir(directory) else None
+    if step is None:
+        return "no checkpoint was written" if workdir else "no workdir, so no checkpoint"
+    return f"last checkpoint at step {step} in {directory}"
+
+
 def _make_backend(config: ActorQConfig):
     if config.launcher == "inprocess":
         return InProcessBackend()
     from qrl.distributed.ray_launcher import RayBackend
 
     requested = config.learner_cpus + config.evaluator_cpus + config.num_actors * config.actor_cpus
-    return RayBackend(config.ray_address, num_cpus=requested)
+    return RayBackend(config.ray_address, num_cpus=requested, bind_address=config.ray_bind_address)
 
 
 def _sum_phases(stats_list: list[dict], phases) -> dict:
