@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -259,3 +260,25 @@ def test_resume_continues_from_the_checkpoint(second_wave, finished):
     first_rows = len(first["evaluations"])
     assert len(rows) == first_rows + len(results["evaluations"])
     assert all(int(row["step"]) >= first["counts"]["learner_steps"] for row in rows[first_rows:])
+
+
+def test_sigterm_in_process_ends_like_ctrl_c_with_a_final_checkpoint(tmp_path):
+    workdir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "launch.actorq", f"--workdir={workdir}", *DQN, "--num_actors=1", "--max_seconds=300"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (workdir / "metrics.csv").exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.5)  # metrics.csv: the run got past its checks and started
+        time.sleep(2.0)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert [path for path in os.listdir(workdir / "checkpoints") if path.isdigit()], "no final checkpoint"
