@@ -328,3 +328,87 @@ def test_int8_params_match_quantize_params_on_a_conv_network():
     assert expected["conv"]["kernel_scale"].shape == (4,)
     assert_trees_identical(weights.int8_params(params, ranges), expected)
     assert_trees_identical(load(decode(encode(params, "fp32", ranges)), "int8"), expected)
+
+
+# ----- what a receiver refuses ----------------------------------------------------------------
+
+
+def _message_blob(precision, params, ranges=None):
+    return b"\x00" + serialization.msgpack_serialize(
+        {"format": 1, "precision": precision, "params": params, "input_ranges": ranges or {}})
+
+
+def test_every_precision_passes_its_receivers_check(actor):
+    _, params, _, ranges = actor
+    spec = weights.WeightSpec(jax.eval_shape(lambda: params))
+    for comm in COMM_PRECISIONS:
+        for given_ranges in (None, ranges):
+            blob = encode(params, comm, given_ranges, compress=True)
+            assert len(blob) < spec.max_message_bytes
+            message = spec.check(decode(blob, spec.max_message_bytes))
+            for actor_precision in ACTOR_PRECISIONS:
+                load(message, actor_precision)
+
+
+def test_policy_weight_spec_accepts_the_agents_own_publish():
+    from agents.actorq import AgentFactory
+    from qrl import envs
+
+    env = envs.make("gym:CartPole-v1")
+    agent = AgentFactory("dqn", "gym:CartPole-v1", {"hidden_sizes": "16-16"})(env.observation_spec(), env.action_spec())
+    params = agent.policy_params(agent.init(jax.random.PRNGKey(3)))
+    spec = weights.policy_weight_spec(agent)
+    assert spec.check(decode(encode(params, "int8")))
+
+
+def test_zip_bomb_is_refused_without_inflating_it():
+    bomb = b"\x01" + zlib.compress(b"\x00" * 2**30, 9)  # ≈1 MiB that inflates to 1 GiB
+    assert len(bomb) < 2**21
+    with pytest.raises(QrlInputError, match="inflates past the 1048576 bytes"):
+        decode(bomb, max_bytes=2**20)
+    spec = weights.WeightSpec({"dense": {"kernel": np.zeros((4, 4), np.float32), "bias": np.zeros(4, np.float32)}})
+    assert spec.max_message_bytes < 2**21
+    with pytest.raises(QrlInputError, match="weight blob refused"):
+        decode(bomb, spec.max_message_bytes)
+    with pytest.raises(QrlInputError, match="weight blob refused"):
+        decode(b"\x00" + b"\x00" * (spec.max_message_bytes + 1), spec.max_message_bytes)
+
+
+HAND_SPEC = weights.WeightSpec(HAND_PARAMS)
+
+
+@pytest.mark.parametrize("name, blob, fragment", [
+    ("nan", _message_blob("fp32", {"dense": {"kernel": np.array([[1.0, np.nan], [0.0, 1.0]], np.float32),
+                                             "bias": np.zeros(2, np.float32)}}), "dense/kernel holds NaN"),
+    ("inf", _message_blob("fp16", {"dense": {"kernel": np.ones((2, 2), np.float16),
+                                             "bias": np.array([np.inf, 0.0], np.float16)}}), "dense/bias holds NaN or inf"),
+    ("wrong-dtype", _message_blob("fp32", {"dense": {"kernel": np.ones((2, 2), np.float64),
+                                                     "bias": np.zeros(2, np.float32)}}),
+     "dense/kernel is float64 [2, 2], expected float32 [2, 2]"),
+    ("int8-kernel-as-float", _message_blob("int8", {"dense": {"kernel": np.ones((2, 2), np.float32),
+                                                              "kernel_scale": np.ones(2, np.float32),
+                                                              "bias": np.zeros(2, np.float32)}}),
+     "dense/kernel is float32 [2, 2], expected int8 [2, 2]"),
+    ("wrong-shape", _message_blob("fp32", {"dense": {"kernel": np.ones((2, 3), np.float32),
+                                                     "bias": np.zeros(2, np.float32)}}),
+     "dense/kernel is float32 [2, 3], expected float32 [2, 2]"),
+    ("missing-key", _message_blob("fp32", {"dense": {"kernel": np.ones((2, 2), np.float32)}}), "missing dense/bias"),
+    ("extra-key", _message_blob("fp32", {"dense": {"kernel": np.ones((2, 2), np.float32), "bias": np.zeros(2, np.float32)},
+                                         "other": {"bias": np.zeros(2, np.float32)}}), "unexpected other/bias"),
+    ("not-an-array", _message_blob("fp32", {"dense": {"kernel": "ones", "bias": np.zeros(2, np.float32)}}),
+     "dense/kernel is str"),
+    ("nan-range", _message_blob("fp32", HAND_PARAMS, {"dense": {"input_absmax": np.float32(np.nan)}}),
+     "input ranges refused: dense/input_absmax holds NaN"),
+    ("negative-range", _message_blob("fp32", HAND_PARAMS, {"dense": {"input_absmax": np.float32(-1.0)}}),
+     "dense/input_absmax is negative"),
+])
+def test_untrustworthy_weights_are_refused_with_one_line(name, blob, fragment):
+    with pytest.raises(QrlInputError) as error:
+        HAND_SPEC.check(decode(blob, HAND_SPEC.max_message_bytes))
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("blob", [b"\x07" + b"\x00" * 16, b"\xff", b"\x01" + b"not zlib at all"])
+def test_garbage_headers_are_refused(blob):
+    with pytest.raises(QrlInputError, match="corrupt weight blob"):
+        decode(blob, HAND_SPEC.max_message_bytes)

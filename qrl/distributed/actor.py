@@ -117,6 +117,7 @@ class Actor:
         self._explore = self._agent.make_explorer(float(noise_scale), np.random.default_rng(self._env_seed))
         self.noise_scale = float(noise_scale)
         self._policies = PolicyCache(self._agent, self._precision_name)
+        self._weight_spec = weights.policy_weight_spec(self._agent)
         self._replay, self._broadcaster, self._counter = replay, broadcaster, counter
         self._update_period = int(update_period)
         self._sync_pull = bool(sync_pull)
@@ -323,7 +324,7 @@ class Actor:
 
     def _load(self, version: int, blob: bytes) -> None:
         tick = time.perf_counter()
-        message = weights.decode(blob)
+        message = self._weight_spec.check(weights.decode(blob, self._weight_spec.max_message_bytes))
         decoded = time.perf_counter()
         params = jax.device_put(weights.load(message, self._precision_name))
         policy, fresh = self._policies.for_params(params)

@@ -62,6 +62,7 @@ class Evaluator:
         self._actor_precision = weights.check_precision(actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
         self._fp32_policies = PolicyCache(self._agent, "fp32")
         self._actor_policies = PolicyCache(self._agent, self._actor_precision)
+        self._weight_spec = weights.policy_weight_spec(self._agent)
         self._learner, self._broadcaster, self._counter = learner, broadcaster, counter
         self._episodes, self._every_seconds = int(episodes), float(every_seconds)
         self._max_episode_steps = max_episode_steps
@@ -82,7 +83,8 @@ class Evaluator:
         wall_seconds = time.time() - self._start_time
         fp32_return = self._evaluate(self._fp32_policies, fp32_params)
         published = self._broadcaster.call("pull", -1)
-        message = weights.decode(published[1]) if published is not None else None
+        message = (self._weight_spec.check(weights.decode(published[1], self._weight_spec.max_message_bytes))
+                   if published is not None else None)
         if message is None or (self._actor_precision == "fp32" and message.precision == "fp32"):
             actor_return = fp32_return  # the actors run exactly the fp32 params
         else:

@@ -11,6 +11,11 @@ An int8 params tree is exactly `qrl.quant.quantize_params`' int8 layout: per lay
 int8 `[in, out]`, `kernel_scale` f32 `[out]`, `bias` f32 `[out]`, plus `input_scale` f32 `[]`
 when calibrated input ranges (`qrl.quant.calibrate`'s tree) are given. The blob carries no
 checksum: raw blobs with flipped bits inside array data decode to wrong values, not errors.
+
+A receiver refuses (QrlInputError, one line) what it cannot trust: `decode` never inflates a
+zlib payload past `max_bytes` (a 1 MiB zip bomb would otherwise allocate 1 GiB), and
+`WeightSpec.check` compares a message with the tree the receiving policy expects — every key
+there and no other, each leaf's shape and dtype at the message's precision, every value finite.
 """
 
 import dataclasses
@@ -37,6 +42,11 @@ ZLIB_LEVEL = 1
 
 _FLOAT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(jnp.bfloat16)}
 _INT8 = parse_precision("int8", "dynamic")  # weight quantization is the same at either activation mode.
+# `decode`'s cap without a WeightSpec: far above any policy this project trains (a 256-256 MLP's
+# fp32 blob is ≈0.3 MiB, Atari's Nature CNN's ≈7 MiB), far below what a zip bomb inflates to.
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
+# A WeightSpec's cap: the fp32 blob (the largest precision) twice over, plus room for msgpack keys.
+MESSAGE_BYTES_FACTOR, MESSAGE_BYTES_HEADROOM = 2, 2**20
 
 
 def check_precision(name: str, choices: tuple[str, ...], what: str) -> str:
@@ -171,18 +181,18 @@ def encode(params: Mapping, comm_precision: str, input_ranges: Optional[Mapping]
     return bytes((HEADER_RAW,)) + payload
 
 
-def decode(blob: bytes) -> WeightMessage:
-    """Inverse of `encode`; an unknown header, corrupt or truncated bytes raise QrlInputError."""
+def decode(blob: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> WeightMessage:
+    """Inverse of `encode`; an unknown header, corrupt or truncated bytes, or a message over
+    `max_bytes` (inflated or raw) raise QrlInputError."""
     if not isinstance(blob, (bytes, bytearray, memoryview)) or len(blob) < 2:
         raise QrlInputError("corrupt weight blob: too short")
     header, payload = blob[0], bytes(blob[1:])
     if header == HEADER_ZLIB:
-        try:
-            payload = zlib.decompress(payload)
-        except zlib.error as error:
-            raise QrlInputError(f"corrupt weight blob: {error}") from None
+        payload = _inflate(payload, max_bytes)
     elif header != HEADER_RAW:
         raise QrlInputError(f"corrupt weight blob: unknown header byte {header} (expected 0 raw or 1 zlib)")
+    elif len(payload) > max_bytes:
+        raise QrlInputError(f"weight blob refused: {len(payload)} bytes, more than the {max_bytes} expected at most")
     message = params_from_bytes(payload)
     if message.get("format") != FORMAT or set(message) != {"format", "precision", "params", "input_ranges"}:
         raise QrlInputError(f"corrupt weight blob: not a format-{FORMAT} weight message")
@@ -190,6 +200,102 @@ def decode(blob: bytes) -> WeightMessage:
     if precision not in COMM_PRECISIONS or not isinstance(params, dict) or not isinstance(ranges, dict):
         raise QrlInputError("corrupt weight blob: bad precision or parameter tree")
     return WeightMessage(precision=precision, params=params, input_ranges=ranges or None)
+
+
+def _inflate(payload: bytes, max_bytes: int) -> bytes:
+    """zlib-decompressed `payload`, refused once it would pass `max_bytes` (never allocated)."""
+    inflater = zlib.decompressobj()
+    try:
+        inflated = inflater.decompress(payload, max_bytes + 1)
+    except zlib.error as error:
+        raise QrlInputError(f"corrupt weight blob: {error}") from None
+    if len(inflated) > max_bytes or inflater.unconsumed_tail:
+        raise QrlInputError(f"weight blob refused: it inflates past the {max_bytes} bytes expected at most")
+    if not inflater.eof:
+        raise QrlInputError("corrupt weight blob: Error -5 while decompressing data: incomplete or truncated stream")
+    if inflater.unused_data:
+        raise QrlInputError("corrupt weight blob: trailing bytes after the zlib stream")
+    return inflated
+
+
+class WeightSpec:
+    """What a receiver accepts: built from the shapes of its fp32 policy params (arrays or
+    `jax.ShapeDtypeStruct`s, e.g. `jax.eval_shape` of the agent's init), it knows each
+    precision's expected leaves and caps a message's size (`max_message_bytes`)."""
+
+    def __init__(self, fp32_shapes: Mapping):
+        self._shapes = {path: tuple(leaf.shape) for path, leaf in _flat_leaves(serialization.to_state_dict(fp32_shapes))}
+        self._layers = _float_layer_paths(serialization.to_state_dict(fp32_shapes))
+        fp32_bytes = sum(4 * int(np.prod(shape)) for shape in self._shapes.values())
+        self.max_message_bytes = MESSAGE_BYTES_FACTOR * fp32_bytes + MESSAGE_BYTES_HEADROOM
+
+    def expected_leaves(self, precision: str, static_scales: bool) -> dict:
+        """`{"layer/kernel": (shape, dtype), ...}` of a `precision` message's params."""
+        if precision != "int8":
+            return {path: (shape, _FLOAT_DTYPES[precision]) for path, shape in self._shapes.items()}
+        expected = {path: (shape, np.dtype(np.float32)) for path, shape in self._shapes.items()}
+        for layer in self._layers:
+            kernel = self._shapes[f"{layer}/kernel"]
+            expected[f"{layer}/kernel"] = (kernel, np.dtype(np.int8))
+            expected[f"{layer}/kernel_scale"] = ((kernel[-1],), np.dtype(np.float32))
+            if static_scales:
+                expected[f"{layer}/input_scale"] = ((), np.dtype(np.float32))
+        return expected
+
+    def check(self, message: WeightMessage) -> WeightMessage:
+        """`message` if its params (and input ranges) are exactly what this receiver's policy
+        takes at the message's precision, with finite values; else one QrlInputError line."""
+        _check_leaves(dict(_flat_leaves(message.params)), self.expected_leaves(message.precision, message.static_scales),
+                      "weights")
+        if message.input_ranges is not None:
+            ranges = {f"{layer}/{INPUT_ABSMAX}": ((), np.dtype(np.float32)) for layer in self._layers}
+            _check_leaves(dict(_flat_leaves(message.input_ranges)), ranges, "input ranges", non_negative=True)
+        return message
+
+
+def policy_weight_spec(agent: Any) -> WeightSpec:
+    """The WeightSpec of a DistributedAgent's policy: shapes from its init, traced, not run."""
+    shapes = jax.eval_shape(lambda: agent.policy_params(agent.init(jax.random.PRNGKey(0))))
+    return WeightSpec(shapes)
+
+
+def _flat_leaves(tree: Mapping, prefix: str = ""):
+    """`(slash path, leaf)` for every non-mapping leaf of a nested mapping."""
+    for key, child in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(child, Mapping):
+            yield from _flat_leaves(child, path + "/")
+        else:
+            yield path, child
+
+
+def _float_layer_paths(tree: Mapping, prefix: str = "") -> list[str]:
+    """Slash paths of the layers `int8_params` quantizes (mappings holding an array `kernel`)."""
+    if _is_float_layer(tree):
+        return [prefix.rstrip("/")]
+    return [path for key, child in tree.items() if isinstance(child, Mapping)
+            for path in _float_layer_paths(child, f"{prefix}{key}/")]
+
+
+def _check_leaves(leaves: dict, expected: dict, what: str, non_negative: bool = False) -> None:
+    missing, unexpected = sorted(set(expected) - set(leaves)), sorted(set(leaves) - set(expected))
+    if missing or unexpected:
+        details = "; ".join(part for part in (
+            f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}" if missing else "",
+            f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}" if unexpected else "",
+        ) if part)
+        raise QrlInputError(f"{what} refused: not the receiver's policy tree ({details})")
+    for path, (shape, dtype) in expected.items():
+        leaf = np.asarray(leaves[path]) if isinstance(leaves[path], np.generic) else leaves[path]
+        if not isinstance(leaf, np.ndarray) or leaf.dtype != dtype or leaf.shape != shape:
+            got = f"{leaf.dtype} {list(leaf.shape)}" if isinstance(leaf, np.ndarray) else type(leaf).__name__
+            raise QrlInputError(f"{what} refused: {path} is {got}, expected {np.dtype(dtype)} {list(shape)}")
+        if leaf.dtype.kind == "f" or dtype == _FLOAT_DTYPES["bf16"]:
+            values = leaf.astype(np.float32)
+            if not np.isfinite(values).all():
+                raise QrlInputError(f"{what} refused: {path} holds NaN or infinite values")
+            if non_negative and (values < 0).any():
+                raise QrlInputError(f"{what} refused: {path} is negative")
 
 
 def load(message: WeightMessage, actor_precision: str) -> dict:
