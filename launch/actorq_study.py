@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import typing
 from typing import Callable, Optional, Sequence
 
 from absl import flags
@@ -33,7 +34,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_FILE = "results.json"
 QUANTIZED_COMM = ("fp16", "bf16", "int8")
 STUDY_FLAGS = ("agent", "env", "actor_precision", "comm_precision", "seed", "workdir", "target_return",
-               "max_seconds", "max_learner_steps", "max_actor_steps", "launcher", "ray_address")
+               "max_seconds", "max_learner_steps", "max_actor_steps", "launcher", "ray_address", "ray_bind_address")
+# launch.actorq flags a --run_flag may give that are not ActorQConfig fields.
+RUN_ONLY_FLAGS = ("set", "resume", "overwrite")
 
 Runner = Callable[[Sequence[str], str], int]
 
@@ -50,6 +53,8 @@ flags.DEFINE_integer("max_actor_steps", None, "Actor-step budget per cell.")
 flags.DEFINE_multi_string("run_flag", [], "Extra launch.actorq flag for every cell (repeatable), e.g. --run_flag=--num_actors=2.")
 flags.DEFINE_enum("launcher", "inprocess", ["inprocess", "ray"], "How each cell launches its nodes.")
 flags.DEFINE_string("ray_address", None, "Ray cluster address for --launcher=ray (default: a local Ray).")
+flags.DEFINE_string("ray_bind_address", None,
+                    "Each cell's --ray_bind_address (default launch.actorq's, 127.0.0.1: this machine only).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +73,7 @@ class StudyOptions:
     run_flags: tuple[str, ...] = ()
     launcher: str = "inprocess"
     ray_address: Optional[str] = None
+    ray_bind_address: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +112,10 @@ def make_options(
     target_return: Optional[float] = None, max_seconds: Optional[float] = None,
     max_learner_steps: Optional[int] = None, max_actor_steps: Optional[int] = None,
     run_flags: Sequence[str] = (), launcher: str = "inprocess", ray_address: Optional[str] = None,
+    ray_bind_address: Optional[str] = None,
 ) -> StudyOptions:
-    """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError."""
+    """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError.
+    `check_cells` then checks what each cell will run (environments exist, every setting in range)."""
     from agents.actorq import check_agent
     from qrl.distributed.weights import ACTOR_PRECISIONS
     from qrl.envs.ids import split_env_id
@@ -127,8 +135,8 @@ def make_options(
         raise QrlInputError("--seeds is empty")
     if target_return is not None and not math.isfinite(target_return):
         raise QrlInputError(f"--target_return must be a finite number, got {target_return}")
-    if max_seconds is not None and not max_seconds > 0:
-        raise QrlInputError(f"--max_seconds must be > 0, got {max_seconds}")
+    if max_seconds is not None and not (math.isfinite(max_seconds) and max_seconds > 0):
+        raise QrlInputError(f"--max_seconds must be > 0 and finite, got {max_seconds}")
     for name, value in (("max_learner_steps", max_learner_steps), ("max_actor_steps", max_actor_steps)):
         if value is not None and value < 1:
             raise QrlInputError(f"--{name} must be >= 1, got {value}")
@@ -140,8 +148,71 @@ def make_options(
     return StudyOptions(
         common.require_workdir(workdir), check_agent(agent), tuple(env_ids), tuple(precision_list), tuple(seed_list),
         target_return, max_seconds, max_learner_steps, max_actor_steps,
-        tuple(_check_run_flag(item) for item in run_flags), launcher, ray_address,
+        tuple(_check_run_flag(item) for item in run_flags), launcher, ray_address, ray_bind_address,
     )
+
+
+def cell_config(cell: Cell, options: StudyOptions):
+    """The `ActorQConfig` launch.actorq will build for `cell` (its --run_flag values included)."""
+    from qrl.distributed.run import ActorQConfig
+
+    fields = {field.name: field for field in dataclasses.fields(ActorQConfig)}
+    values: dict = {}
+    overrides: list[str] = []
+    for item in options.run_flags:
+        name, separator, text = item[2:].partition("=")
+        if name == "set":
+            overrides.append(text)
+        elif name in RUN_ONLY_FLAGS or name.startswith("no") and name[2:] in RUN_ONLY_FLAGS:
+            raise QrlInputError(f"--run_flag={item}: the study decides whether a cell resumes or overwrites")
+        elif name in fields and name not in ("overrides", "env_options", "samples_per_insert_tolerance",
+                                             "priority_exponent", "importance_exponent"):
+            values[name] = _flag_value(item, text if separator else "true", fields[name])
+        elif name.startswith("no") and name[2:] in fields and isinstance(fields[name[2:]].default, bool) and not separator:
+            values[name[2:]] = False
+        else:
+            raise QrlInputError(f"--run_flag={item}: launch.actorq has no flag --{name}")
+    stops = {name: getattr(options, name) for name in ("target_return", "max_seconds", "max_learner_steps",
+                                                        "max_actor_steps")}
+    bind = {"ray_bind_address": options.ray_bind_address} if options.ray_bind_address else {}
+    return ActorQConfig(**{
+        **values, "agent": options.agent, "env": cell.env, "seed": cell.seed, "actor_precision": cell.precision,
+        "comm_precision": cell.comm_precision, "launcher": options.launcher, "ray_address": options.ray_address,
+        "overrides": common.parse_overrides(overrides), **stops, **bind,
+    })
+
+
+def _flag_value(item: str, text: str, field: dataclasses.Field):
+    """`text` as the type of the ActorQConfig `field` (`Optional[X]` as X)."""
+    kind = next((arg for arg in typing.get_args(field.type) if arg is not type(None)), field.type)
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+        return kind(text) if kind in (int, float) else text
+    except ValueError:
+        raise QrlInputError(f"--run_flag={item}: {text!r} is not a valid {kind.__name__}") from None
+
+
+def check_cells(options: StudyOptions) -> None:
+    """Checks, before anything is written or started, what every cell will run: each cell's
+    config passes launch.actorq's checks, each environment exists (built once and closed), the
+    agent takes the --set overrides, the workdir can be made and a --ray_address answers."""
+    from agents.actorq import AgentFactory
+    from qrl import envs
+    from qrl.distributed.launching import check_reachable
+    from qrl.distributed.run import check_workdir_path, validate
+
+    check_workdir_path(options.workdir)
+    configs = [cell_config(cell, options) for cell in plan_cells(options)]
+    for config in configs:
+        validate(config)
+    for env_id in options.envs:
+        envs.make(env_id).close()
+    AgentFactory(options.agent, options.envs[0], dict(configs[0].overrides)).config()
+    if options.ray_address not in (None, "auto"):
+        check_reachable(options.ray_address)
 
 
 def plan_cells(options: StudyOptions) -> list[Cell]:
@@ -154,7 +225,8 @@ def cell_argv(cell: Cell, options: StudyOptions) -> list[str]:
     argv = [sys.executable, "-m", ACTORQ_MODULE, f"--agent={options.agent}", f"--env={cell.env}",
             f"--actor_precision={cell.precision}", f"--comm_precision={cell.comm_precision}", f"--seed={cell.seed}",
             f"--workdir={os.path.join(options.workdir, cell.relative_dir)}", f"--launcher={options.launcher}"]
-    for name in ("target_return", "max_seconds", "max_learner_steps", "max_actor_steps", "ray_address"):
+    for name in ("target_return", "max_seconds", "max_learner_steps", "max_actor_steps", "ray_address",
+                 "ray_bind_address"):
         value = getattr(options, name)
         if value is not None:
             argv.append(f"--{name}={value}")
@@ -222,8 +294,9 @@ def run() -> None:
     options = make_options(
         FLAGS.workdir, FLAGS.agent, FLAGS.envs, FLAGS.precisions, FLAGS.seeds, FLAGS.target_return,
         FLAGS.max_seconds, FLAGS.max_learner_steps, FLAGS.max_actor_steps, FLAGS.run_flag, FLAGS.launcher,
-        FLAGS.ray_address,
+        FLAGS.ray_address, FLAGS.ray_bind_address,
     )
+    check_cells(options)
     studies.report_outcome(run_study(options), "ActorQ study")
 
 

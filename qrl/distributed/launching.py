@@ -27,6 +27,19 @@ from qrl.errors import QrlInputError
 
 RUNNING, FINISHED, DIED, FAILED = "running", "finished", "died", "failed"
 DEFAULT_BIND_ADDRESS = "127.0.0.1"
+CONNECT_TIMEOUT_SECONDS = 3.0
+
+
+def check_reachable(address: str) -> None:
+    """A `host:port` address must accept a TCP connection within a few seconds."""
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit():
+        raise QrlInputError(f"--ray_address must be host:port or 'auto', got {address!r}")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_SECONDS):
+            pass
+    except OSError as error:
+        raise QrlInputError(f"cannot reach a Ray cluster at {address}: {error.strerror or error}") from None
 
 
 def check_bind_address(address: str) -> str:

@@ -32,12 +32,12 @@ import ray._private.ray_constants
 import ray.exceptions
 
 from qrl.distributed.launching import (
-    DEFAULT_BIND_ADDRESS, DIED, FAILED, FINISHED, RUNNING, NodeFailure, NodeSpec, check_bind_address, describe_error,
+    DEFAULT_BIND_ADDRESS, DIED, FAILED, FINISHED, RUNNING, NodeFailure, NodeSpec, check_bind_address, check_reachable,
+    describe_error,
 )
 from qrl.errors import QrlInputError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONNECT_TIMEOUT_SECONDS = 3.0
 READY_TIMEOUT_SECONDS = 300.0
 # Ray's own switch between a loopback-only node and a cluster node: off, `ray.init` keeps a
 # loopback node address instead of swapping it for the machine's external one. Child processes
@@ -75,18 +75,6 @@ class RayHandle:
 
     def notify(self, method: str, *args, **kwargs) -> None:
         getattr(self.actor, method).remote(*args, **kwargs)
-
-
-def check_reachable(address: str) -> None:
-    """A `host:port` address must accept a TCP connection within a few seconds."""
-    host, separator, port = address.rpartition(":")
-    if not separator or not host or not port.isdigit():
-        raise QrlInputError(f"--ray_address must be host:port or 'auto', got {address!r}")
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_SECONDS):
-            pass
-    except OSError as error:
-        raise QrlInputError(f"cannot reach a Ray cluster at {address}: {error.strerror or error}") from None
 
 
 class RayBackend:

@@ -155,6 +155,21 @@ def _check_range(name: str, value: Any, low: Optional[float] = None, high: Optio
         raise QrlInputError(f"--{name} must be <= {high}, got {value}")
 
 
+def check_workdir_path(workdir: str) -> None:
+    """A workdir must be a directory or creatable as one: not a file, not under a file, its
+    nearest existing ancestor writable. Read-only, so it runs before any Ray process starts."""
+    path = os.path.abspath(workdir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise QrlInputError(f"--workdir {workdir} is a file, not a directory")
+    ancestor = path
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise QrlInputError(f"--workdir {workdir} lies under {ancestor}, which is a file")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise QrlInputError(f"--workdir {workdir} cannot be written: {ancestor} is not writable")
+
+
 def _env_specs(config: ActorQConfig):
     env = envs.make(config.env, seed=config.seed, **dict(config.env_options))
     try:
@@ -299,6 +314,8 @@ def run_actorq(config: ActorQConfig, agent_factory: Callable[[Any, Any], Distrib
     node's process, so it must pickle by value (see `agents.actorq.AgentFactory`).
     """
     validate(config)
+    if workdir:
+        check_workdir_path(workdir)
     factory = agent_factory
     specs = _env_specs(config)
     agent = factory(*specs)  # builds the agent here first: bad overrides fail before any node starts

@@ -1,0 +1,37 @@
+"""Bad inputs to launch.actorq: each refused with one line before any file is written or any
+Ray process starts."""
+
+from tests.bad_input import Case
+
+_W = "--workdir={tmp}/run"
+_SMALL = ("--agent=dqn", "--env=gym:CartPole-v1", "--set=hidden_sizes=16-16")
+
+
+def _afile(tmp):
+    (tmp / "afile").write_text("not a directory\n")
+
+
+def _case(name, fragment, *args, setup=None, stop=("--max_seconds=5",)):
+    return Case("launch.actorq", name, (*_SMALL, *args, *stop), fragment, setup)
+
+
+CASES = [
+    _case("max-seconds-nan", "--max_seconds must be a finite number", _W, stop=("--max_seconds=nan",)),
+    _case("max-seconds-inf", "--max_seconds must be a finite number", _W, stop=("--max_seconds=inf",)),
+    _case("target-return-nan", "--target_return must be a finite number", _W, stop=("--target_return=nan",)),
+    _case("negative-actor-cpus", "--actor_cpus must be >= 0", _W, "--actor_cpus=-1"),
+    _case("no-actors", "--num_actors must be >= 1", _W, "--num_actors=0"),
+    _case("too-many-actors", "--num_actors must be <= 1024", _W, "--num_actors=100000"),
+    _case("negative-exploration", "--exploration_first must be > 0", _W, "--exploration_first=-0.1"),
+    _case("negative-seed", "seed must be a non-negative integer", _W, "--seed=-1"),
+    _case("unknown-precision", "unknown actor precision 'int4'", _W, "--actor_precision=int4"),
+    _case("unknown-env", "NoSuchEnv", _W, "--env=gym:NoSuchEnv-v0"),
+    _case("workdir-is-a-file", "is a file, not a directory", "--workdir={tmp}/afile", setup=_afile),
+    _case("workdir-under-a-file", "which is a file", "--workdir={tmp}/afile/run", setup=_afile),
+    _case("unreachable-ray", "cannot reach a Ray cluster at 127.0.0.1:1", _W, "--launcher=ray",
+          "--ray_address=127.0.0.1:1"),
+    _case("bind-address-not-an-ip", "--ray_bind_address must be an IP address", _W, "--launcher=ray",
+          "--ray_bind_address=somewhere"),
+    _case("bind-address-not-this-machine", "is not an address of this machine", _W, "--launcher=ray",
+          "--ray_bind_address=203.0.113.7"),
+]
