@@ -51,14 +51,19 @@ def _actor_processes(run_id: str) -> list[psutil.Process]:
     return _node_processes(run_id, "Actor")
 
 
-def _listening_sockets(run_id: str) -> list[tuple[int, str, str]]:
-    """(pid, process name, "ip:port") of every listening TCP and every bound UDP socket of the run."""
+def _listening_sockets(run_id: str, driver_pid: int) -> list[tuple[int, str, str]]:
+    """(pid, process name, "ip:port") of every listening TCP and every bound UDP socket of the run:
+    its marked processes and the driver's process tree (Ray's agents start with an environment
+    of their own, without the marker)."""
+    processes = {process.pid: process for process in _run_processes(run_id)}
+    driver = psutil.Process(driver_pid)
+    processes.update({process.pid: process for process in [driver, *driver.children(recursive=True)]})
     found = []
-    for process in _run_processes(run_id):
+    for process in processes.values():
         try:
             for connection in process.net_connections(kind="inet"):
                 if connection.status in (psutil.CONN_LISTEN, psutil.CONN_NONE) and connection.laddr:
-                    found.append((process.pid, process.info["name"], f"{connection.laddr.ip}:{connection.laddr.port}"))
+                    found.append((process.pid, process.name(), f"{connection.laddr.ip}:{connection.laddr.port}"))
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
@@ -171,18 +176,28 @@ def test_sigterm_ends_like_ctrl_c_with_a_final_checkpoint_and_every_socket_is_on
     try:
         _wait_for_actors(run_id, 1, process)
         time.sleep(3.0)
-        sockets = _listening_sockets(run_id)
+        sockets = _listening_sockets(run_id, process.pid)
+        tree = psutil.Process(process.pid).children(recursive=True)  # agents included, marker or not
         process.send_signal(signal.SIGTERM)
         output = _communicate(process, timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    assert len(sockets) >= 5, sockets  # the driver, GCS, raylet (2), the actor: the check saw them
+    # The driver, GCS, raylet (2), runtime-env agent, autoscaler metrics, each node: the check saw them.
+    assert len(sockets) >= 12 and any(name == "ray::RuntimeEnvAgent" for _, name, _ in sockets), sockets
     assert [entry for entry in sockets if not _is_loopback(entry[2])] == [], sockets
     assert process.returncode == 130, output
     assert "interrupted" in output
     assert _latest_checkpoint(workdir) is not None, "no final checkpoint"
     _assert_no_orphans(run_id)
+    assert not [child.pid for child in tree if _alive(child)], "processes left behind"
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.fixture(scope="module")
