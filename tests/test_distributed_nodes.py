@@ -28,12 +28,15 @@ from qrl.distributed.broadcaster import Broadcaster
 from qrl.distributed.counting import Counter
 from qrl.distributed.evaluator import Evaluator
 from qrl.distributed.handles import LocalHandle
-from qrl.distributed.launching import InProcessBackend, NodeRef, NodeSpec, Program, supervise
+from qrl.distributed.launching import (
+    InProcessBackend, NodeFailure, NodeRef, NodeSpec, Program, check_bind_address, supervise,
+)
 from qrl.distributed.learner import TIMED_PHASES as LEARNER_PHASES
 from qrl.distributed.learner import Learner
 from qrl.distributed.rate_limiters import MinSize, SampleToInsertRatio
 from qrl.distributed.replay import ReplayServer
 from qrl.quant import FP32, calibrate, parse_precision
+from qrl.errors import QrlInputError
 from qrl.replay import Transition
 
 CARTPOLE, PENDULUM = "gym:CartPole-v1", "gym:Pendulum-v1"
@@ -708,10 +711,11 @@ def test_int8_evaluator_evaluates_both_precisions(cartpole_specs, pool):
 
 
 class DummyNode:
-    """Loops until stopped; logs stop and close calls; `fail_after` seconds into run it raises."""
+    """Loops until stopped; logs stop and close calls; `fail_after` seconds into run it raises
+    `failure` (ValueError by default)."""
 
-    def __init__(self, name, log, fail_after=None, partner=None):
-        self.name, self.log, self.fail_after, self.partner = name, log, fail_after, partner
+    def __init__(self, name, log, fail_after=None, partner=None, failure=ValueError):
+        self.name, self.log, self.fail_after, self.partner, self.failure = name, log, fail_after, partner, failure
         self._stop = threading.Event()
         self.loops = 0
 
@@ -720,7 +724,7 @@ class DummyNode:
         while not self._stop.wait(0.005):
             self.loops += 1
             if self.fail_after is not None and time.monotonic() - start > self.fail_after:
-                raise ValueError(f"{self.name} broke")
+                raise self.failure(f"{self.name} broke")
 
     def stop(self):
         self.log.append(("stop", self.name))
@@ -803,3 +807,61 @@ def test_supervise_interrupted_stops_every_node():
     assert outcome.reason == "interrupted" and outcome.error is None
     assert sorted(entry[1] for entry in log if entry[0] == "stop") == ["a", "b", "c"]
     assert sorted(entry[1] for entry in log if entry[0] == "close") == ["a", "b", "c"]
+
+
+def test_supervise_reports_bad_input_inside_a_node_as_an_input_error():
+    log = []
+    program = Program([NodeSpec("a", DummyNode, dict(name="a", log=log, fail_after=0.02, failure=QrlInputError))])
+    outcome = supervise(InProcessBackend(), program, lambda handles, elapsed: None, poll_seconds=0.01)
+    assert outcome.reason == "failed" and outcome.input_error
+    assert outcome.error == "node a failed: a broke"
+
+
+class _NodesThatNeverStart(InProcessBackend):
+    """Its nodes' constructors 'fail in another process': wait_ready raises, as RayBackend's does."""
+
+    def __init__(self):
+        super().__init__()
+        self.shut_down = False
+
+    def wait_ready(self, names):
+        raise NodeFailure("node a failed to start: corrupt checkpoint in /x/5: bad bytes", input_error=True)
+
+    def shutdown(self):
+        self.shut_down = True
+        super().shutdown()
+
+
+def test_supervise_a_node_failing_to_start_is_one_line_and_the_backend_shuts_down():
+    backend, log = _NodesThatNeverStart(), []
+
+    def on_stop(handles):
+        raise RuntimeError("the learner is gone")
+
+    outcome = supervise(backend, dummy_program(log), lambda handles, elapsed: "never", on_stop=on_stop)
+    assert backend.shut_down and outcome.reason == "failed" and outcome.input_error
+    assert outcome.error == "node a failed to start: corrupt checkpoint in /x/5: bad bytes"  # not on_stop's
+
+
+def test_supervise_a_failing_final_step_is_reported():
+    log = []
+
+    def on_stop(handles):
+        raise RuntimeError("the learner is gone")
+
+    outcome = supervise(InProcessBackend(), dummy_program(log), lambda handles, elapsed: "done", poll_seconds=0.01,
+                        on_stop=on_stop)
+    assert outcome.reason == "done" and not outcome.input_error
+    assert outcome.error == "the final evaluation and checkpoint failed: RuntimeError: the learner is gone"
+
+
+@pytest.mark.parametrize("address, fragment", [
+    ("localhost", "must be an IP address"),
+    ("0.0.0.0", "not 0.0.0.0"),
+    ("224.0.0.1", "not 224.0.0.1"),
+    ("203.0.113.7", "not an address of this machine"),
+])
+def test_bind_addresses_that_are_not_one_of_this_machines_are_refused(address, fragment):
+    assert check_bind_address(" 127.0.0.1 ") == "127.0.0.1"
+    with pytest.raises(QrlInputError, match=fragment):
+        check_bind_address(address)
