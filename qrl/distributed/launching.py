@@ -3,12 +3,13 @@
 A `Program` lists `NodeSpec`s in creation order; a spec's kwargs may hold `NodeRef(name)`
 placeholders, which a backend replaces by handles of nodes created before it. A backend
 creates nodes, starts their `run()` and reports whether each run is going, finished, died (its
-process vanished) or failed (raised; the status carries the exception). `supervise` starts everything, polls a stop condition,
-restarts restartable nodes whose process died, and on any exit — stop condition, failure,
-Ctrl-C — stops every node, waits for their runs, gathers their stats and shuts the backend down,
-so no node process outlives the program. A node that fails to start or fails for good ends the
-program with a one-line `Outcome.error`; `Outcome.input_error` says whether it was bad input
-(a `QrlInputError` raised inside the node, e.g. a corrupt checkpoint to resume from).
+process vanished) or failed (raised; the status carries the exception). `supervise` starts
+everything, polls a stop condition, restarts restartable nodes whose process died, and on any
+exit — stop condition, failure, Ctrl-C — stops every node, waits for their runs, gathers their
+stats and shuts the backend down, so no node process outlives the program. A node that fails
+to start or fails for good ends the program with a one-line `Outcome.error`;
+`Outcome.input_error` says whether it was bad input (a `QrlInputError` raised inside the node,
+e.g. a corrupt checkpoint to resume from).
 
 `InProcessBackend` runs every node in this process, each `run()` in a thread (launchpad's
 `local_mt`); `qrl.distributed.ray_launcher.RayBackend` runs each node as a Ray actor process.

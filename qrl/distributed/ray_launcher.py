@@ -23,7 +23,6 @@ import ipaddress
 import logging
 import os
 import signal
-import socket
 import threading
 from typing import Any, Optional
 

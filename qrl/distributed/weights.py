@@ -212,7 +212,7 @@ def _inflate(payload: bytes, max_bytes: int) -> bytes:
     if len(inflated) > max_bytes or inflater.unconsumed_tail:
         raise QrlInputError(f"weight blob refused: it inflates past the {max_bytes} bytes expected at most")
     if not inflater.eof:
-        raise QrlInputError("corrupt weight blob: Error -5 while decompressing data: incomplete or truncated stream")
+        raise QrlInputError("corrupt weight blob: the zlib stream is truncated")
     if inflater.unused_data:
         raise QrlInputError("corrupt weight blob: trailing bytes after the zlib stream")
     return inflated
@@ -224,8 +224,9 @@ class WeightSpec:
     precision's expected leaves and caps a message's size (`max_message_bytes`)."""
 
     def __init__(self, fp32_shapes: Mapping):
-        self._shapes = {path: tuple(leaf.shape) for path, leaf in _flat_leaves(serialization.to_state_dict(fp32_shapes))}
-        self._layers = _float_layer_paths(serialization.to_state_dict(fp32_shapes))
+        tree = serialization.to_state_dict(fp32_shapes)
+        self._shapes = {path: tuple(leaf.shape) for path, leaf in _flat_leaves(tree)}
+        self._layers = _float_layer_paths(tree)
         fp32_bytes = sum(4 * int(np.prod(shape)) for shape in self._shapes.values())
         self.max_message_bytes = MESSAGE_BYTES_FACTOR * fp32_bytes + MESSAGE_BYTES_HEADROOM
 
@@ -245,8 +246,8 @@ class WeightSpec:
     def check(self, message: WeightMessage) -> WeightMessage:
         """`message` if its params (and input ranges) are exactly what this receiver's policy
         takes at the message's precision, with finite values; else one QrlInputError line."""
-        _check_leaves(dict(_flat_leaves(message.params)), self.expected_leaves(message.precision, message.static_scales),
-                      "weights")
+        expected = self.expected_leaves(message.precision, message.static_scales)
+        _check_leaves(dict(_flat_leaves(message.params)), expected, "weights")
         if message.input_ranges is not None:
             ranges = {f"{layer}/{INPUT_ABSMAX}": ((), np.dtype(np.float32)) for layer in self._layers}
             _check_leaves(dict(_flat_leaves(message.input_ranges)), ranges, "input ranges", non_negative=True)
