@@ -7,9 +7,10 @@ checkpoints every `checkpoint_every` steps, and at the end evaluates, checkpoint
 the run's results dict.
 """
 
+import dataclasses
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -21,12 +22,31 @@ EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes never share seeds with train
 RECENT_EPISODES = 10  # the logged training return averages this many latest episodes.
 
 
+@dataclasses.dataclass(frozen=True)
+class HostStart:
+    """Where a host run resumes: a train state, the environment steps already taken, the
+    transitions to refill the replay with (a `qrl.replay.Transition` of `[N, ...]` arrays; None
+    for none) and the evaluations made before (kept in the results).
+
+    The environments and the host random stream start afresh, and a replay not given starts
+    empty: a resumed run continues the learning, not the exact trajectory an uninterrupted run
+    would have taken.
+    """
+
+    state: Any
+    env_steps: int
+    replay: Optional[Any] = None
+    evaluations: Sequence[dict] = ()
+
+
 class TrainingMonitor:
     """Logging, progress, evaluation and checkpointing of one host training run.
 
     `policy` maps observations `[B, ...]` (numpy) to environment actions `[B, ...]`; it should
     read the learner's current params through a closure, so evaluations see the latest policy.
     With no `workdir` nothing is written to disk (metrics are still summarized in the results).
+    A resumed run passes `start_steps` (the environment steps already taken; logging, evaluation
+    and checkpoint schedules continue after it) and the `evaluations` made before.
     """
 
     def __init__(
@@ -43,6 +63,8 @@ class TrainingMonitor:
         log_every: int = 1_000,
         progress: bool = True,
         env_options: Optional[dict] = None,
+        start_steps: int = 0,
+        evaluations: Sequence[dict] = (),
     ):
         self.agent, self.env_id, self.steps, self.seed = agent, env_id, steps, seed
         self.policy = policy
@@ -53,11 +75,16 @@ class TrainingMonitor:
         self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints")) if workdir else None
         self.bar = ProgressBar(steps, desc=f"{agent} {env_id}", disable=None if progress else True)
         self.episode_returns: list[float] = []
-        self.evaluations: list[dict] = []
+        self.evaluations: list[dict] = [dict(record) for record in evaluations]
         self.last_train_metrics: dict = {}
-        self._next_log = self.log_every
-        self._next_eval = eval_every if eval_every > 0 else None
-        self._next_checkpoint = checkpoint_every if checkpoint_every > 0 else None
+        self.start_steps = int(start_steps)
+        self._next_log = _first_multiple_after(self.log_every, self.start_steps)
+        self._next_eval = _first_multiple_after(eval_every, self.start_steps) if eval_every > 0 else None
+        self._next_checkpoint = (
+            _first_multiple_after(checkpoint_every, self.start_steps) if checkpoint_every > 0 else None
+        )
+        if self.start_steps:
+            self.bar.update(min(self.start_steps, steps))
         self._start = time.perf_counter()
 
     def episode_finished(self, episode_return: float) -> None:
@@ -97,16 +124,20 @@ class TrainingMonitor:
             self.save(env_steps, state, config)
 
     def save(self, env_steps: int, state: Any, config: Any = None) -> None:
-        """Checkpoints `state` (with the step and the config as JSON extras) if there is a workdir."""
+        """Checkpoints `state` (with the step, the config and the evaluations so far as JSON
+        extras) if there is a workdir."""
         if self.checkpointer:
-            extra = {"env_steps": env_steps}
+            extra = {"env_steps": env_steps, "evaluations": self.evaluations}
             if config is not None:
                 extra["config"] = config.to_dict()
             self.checkpointer.save(env_steps, state, extra=extra)
 
     def _log_row(self, env_steps: int, extra_metrics: Optional[dict]) -> None:
         elapsed = time.perf_counter() - self._start
-        metrics = {"episodes": len(self.episode_returns), "steps_per_second": env_steps / max(elapsed, 1e-9)}
+        metrics = {
+            "episodes": len(self.episode_returns),
+            "steps_per_second": (env_steps - self.start_steps) / max(elapsed, 1e-9),
+        }
         if self.episode_returns:
             metrics["episode_return"] = float(np.mean(self.episode_returns[-RECENT_EPISODES:]))
         metrics.update(extra_metrics or {})
@@ -136,10 +167,17 @@ class TrainingMonitor:
             "updates": int(updates),
             "episodes": len(self.episode_returns),
             "train_seconds": train_seconds,
-            "steps_per_second": env_steps / max(train_seconds, 1e-9),
+            "steps_per_second": (env_steps - self.start_steps) / max(train_seconds, 1e-9),
             "final_eval": final.to_dict(),
             "evaluations": self.evaluations,
             "last_train_returns": self.episode_returns[-RECENT_EPISODES:],
         }
+        if self.start_steps:
+            results["resumed_from_step"] = self.start_steps
         results.update(extra or {})
         return results
+
+
+def _first_multiple_after(every: int, steps: int) -> int:
+    """The smallest multiple of `every` above `steps`."""
+    return every * (steps // every + 1)
