@@ -210,6 +210,11 @@ def _resume_start(agent: Any, config: Any, run_config: dict, workdir: str, obser
             )
     template = agent.init_state(config, observation_spec, action_spec, run_config["seed"])
     with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpointer:
+        if checkpointer.latest_step() is None:
+            raise QrlInputError(
+                f"--resume: the run in {workdir} stopped before its first checkpoint (--checkpoint_every sets how "
+                "often it saves); start it again with --overwrite"
+            )
         step, state = checkpointer.restore_newest_intact(template)
         extra = checkpointer.restore_extra(step) or {}
     if step > steps:

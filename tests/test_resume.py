@@ -144,3 +144,15 @@ def test_other_host_loops_resume(tmp_path, agent, env):
     assert completed.returncode == 0, completed.stderr
     results = _read_json(tmp_path / "results.json")
     assert results["env_steps"] == 512 and results["resumed_from_step"] == 256
+
+
+def test_resume_before_the_first_checkpoint_is_refused(short_run, tmp_path):
+    from qrl import workdirs
+
+    workdir = str(tmp_path / "early")
+    workdirs.claim(workdir, "train")
+    shutil.copy(os.path.join(short_run, "config.json"), workdir)
+    before = _listing(workdir)
+    assert_input_error(run_module("launch.train", *DQN, "--steps=1000", f"--workdir={workdir}", "--resume"),
+                       "stopped before its first checkpoint")
+    assert _listing(workdir) == before
