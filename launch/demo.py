@@ -6,7 +6,7 @@ training to fp16 / bf16 / int8 / fewer bits, and compare reward, bytes and laten
 Writes the training run (config.json, metrics.csv, tb/, checkpoints/, results.json), the PTQ
 sweep (ptq/results.json, ptq/report.md, ptq/sweetspot.png) and WORKDIR/report.md with both.
 Rerunning it on its own earlier output replaces that output; it never deletes in a directory it
-did not create (qrl's `.qrl-workdir.json` marker must say kind demo, see `qrl.workdirs`), and
+did not create (qrl's `qrl-workdir.json` marker must say kind demo, see `qrl.workdirs`), and
 files of yours in its workdir stay.
 """
 

@@ -8,7 +8,7 @@
 
 Writes config.json, metrics.csv, TensorBoard events (tb/), orbax checkpoints (checkpoints/)
 and results.json (final evaluation, throughput), written last: a run is finished when its
-results.json is there. qrl claims --workdir with a `.qrl-workdir.json` marker (see
+results.json is there. qrl claims --workdir with a `qrl-workdir.json` marker (see
 `qrl.workdirs`): a non-empty directory without one is refused, and --overwrite removes only
 the outputs the marker lists.
 
@@ -48,7 +48,7 @@ flags.DEFINE_integer("quant_delay", None,
                      "With --qat_bits: environment steps of fp32 training before fake quantization starts.")
 flags.DEFINE_multi_string("set", [], "Agent config override key=value (repeatable), e.g. --set=learning_rate=1e-3.")
 flags.DEFINE_bool("overwrite", False,
-                  "Replace a qrl run already in --workdir: removes only the outputs its .qrl-workdir.json lists.")
+                  "Replace a qrl run already in --workdir: removes only the outputs its qrl-workdir.json lists.")
 flags.DEFINE_bool("resume", False,
                   "Continue the run in --workdir from its newest intact checkpoint (same agent, env, seed and config; "
                   "--steps may grow). The replay buffer refills from scratch; host environments only.")

@@ -1,6 +1,6 @@
 """Workdir ownership: a run writes into a directory only when qrl may, and deletes only what it wrote.
 
-When a run claims its workdir, qrl writes a marker file `.qrl-workdir.json` into it:
+When a run claims its workdir, qrl writes a marker file `qrl-workdir.json` into it:
 
     {"kind": "train", "created": "2026-12-04T16:40:00+00:00", "qrl_version": "0.1.0",
      "entries": ["checkpoints", "config.json", "metrics.csv", ...]}
@@ -30,7 +30,7 @@ import qrl
 from qrl import io
 from qrl.errors import QrlInputError
 
-MARKER_FILE = ".qrl-workdir.json"
+MARKER_FILE = "qrl-workdir.json"
 
 _TRAIN_OUTPUTS = ("config.json", "metrics.csv", "tb", "checkpoints", "results.json", "ptq")
 RUN_OUTPUTS = {

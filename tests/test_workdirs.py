@@ -47,7 +47,7 @@ def test_a_non_empty_directory_without_marker_is_refused_and_untouched(tmp_path)
     _write(str(tmp_path / "thesis.tex"), "mine")
 
     for overwrite in (False, True):
-        with pytest.raises(QrlInputError, match="is not empty and has no .qrl-workdir.json"):
+        with pytest.raises(QrlInputError, match="is not empty and has no qrl-workdir.json"):
             workdirs.claim(str(tmp_path), "train", overwrite=overwrite)
     assert sorted(os.listdir(tmp_path)) == ["config.json", "thesis.tex"]
     with pytest.raises(QrlInputError, match="will not delete in it"):
@@ -74,7 +74,7 @@ def test_overwrite_removes_only_the_listed_entries(tmp_path):
 
     workdirs.claim(workdir, "train", overwrite=True)
 
-    assert sorted(os.listdir(workdir)) == [workdirs.MARKER_FILE, "notes.md", "plots"]
+    assert sorted(os.listdir(workdir)) == sorted([workdirs.MARKER_FILE, "notes.md", "plots"])
     assert os.path.exists(os.path.join(workdir, "plots", "mine.png"))
 
 
@@ -94,7 +94,7 @@ def test_a_marked_directory_whose_outputs_are_gone_is_claimed_again(tmp_path):
     workdirs.claim(workdir, "actorq")
     _write(os.path.join(workdir, "notes.md"), "mine")
     workdirs.claim(workdir, "actorq")
-    assert sorted(os.listdir(workdir)) == [workdirs.MARKER_FILE, "notes.md"]
+    assert sorted(os.listdir(workdir)) == sorted([workdirs.MARKER_FILE, "notes.md"])
 
 
 def test_remove_outputs_keeps_the_marker_and_user_files(tmp_path):
@@ -107,7 +107,7 @@ def test_remove_outputs_keeps_the_marker_and_user_files(tmp_path):
 
     assert removed == [".metrics.csv.0123456789abcdef0123456789abcdef.tmp", "checkpoints", "config.json",
                        "results.json", "tb"]
-    assert sorted(os.listdir(workdir)) == [workdirs.MARKER_FILE, "notes.md"]
+    assert sorted(os.listdir(workdir)) == sorted([workdirs.MARKER_FILE, "notes.md"])
     assert workdirs.remove_outputs(str(tmp_path / "absent")) == []
 
 
@@ -171,7 +171,7 @@ def test_train_refuses_a_foreign_directory_and_a_file(tmp_path):
     foreign = tmp_path / "foreign"
     _write(str(foreign / "data.csv"), "mine")
     assert_input_error(run_module("launch.train", *TINY_TRAIN, f"--workdir={foreign}", "--overwrite"),
-                       "has no .qrl-workdir.json")
+                       "has no qrl-workdir.json")
     assert _listing(foreign) == ["data.csv"]
     _write(str(tmp_path / "file"), "mine")
     assert_input_error(run_module("launch.train", *TINY_TRAIN, f"--workdir={tmp_path / 'file' / 'run'}"), "is a file")
@@ -198,7 +198,7 @@ def test_demo_replaces_only_its_own_outputs(tmp_path):
     demo = ("--steps=10", "--episodes=1", "--precisions=fp32,int8")
     foreign = tmp_path / "foreign"
     _write(str(foreign / "config.json"), "{}")
-    assert_input_error(run_module("launch.demo", *demo, f"--workdir={foreign}"), "has no .qrl-workdir.json")
+    assert_input_error(run_module("launch.demo", *demo, f"--workdir={foreign}"), "has no qrl-workdir.json")
     assert _listing(foreign) == ["config.json"]
 
     bad = tmp_path / "bad_precisions"
