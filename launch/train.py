@@ -22,8 +22,8 @@ It restarts from the newest intact checkpoint (so --checkpoint_every bounds the 
 train state (params, optimizer, update count) and the evaluations so far come back; the
 environments restart and the replay buffer refills from scratch (updates wait for
 `learning_starts` new steps again), so the continuation is not the trajectory an uninterrupted
-run would have taken. metrics.csv keeps its rows and continues (steps logged between the
-checkpoint and the kill appear twice). On-device runs (brax, gymnax ids: one compiled call)
+run would have taken. metrics.csv keeps its rows up to the checkpoint and continues from there
+(TensorBoard events logged after the checkpoint stay, and are logged again). On-device runs (brax, gymnax ids: one compiled call)
 do not resume.
 """
 

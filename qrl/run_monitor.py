@@ -7,7 +7,9 @@ checkpoints every `checkpoint_every` steps, and at the end evaluates, checkpoint
 the run's results dict.
 """
 
+import csv
 import dataclasses
+import io
 import os
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -15,7 +17,9 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from qrl import evaluation
+from qrl import io as qrl_io
 from qrl.checkpointing import Checkpointer
+from qrl.errors import QrlInputError
 from qrl.logging import MetricsLogger, ProgressBar
 
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes never share seeds with training envs.
@@ -46,7 +50,8 @@ class TrainingMonitor:
     read the learner's current params through a closure, so evaluations see the latest policy.
     With no `workdir` nothing is written to disk (metrics are still summarized in the results).
     A resumed run passes `start_steps` (the environment steps already taken; logging, evaluation
-    and checkpoint schedules continue after it) and the `evaluations` made before.
+    and checkpoint schedules continue after it, and metrics.csv rows past it are dropped) and
+    the `evaluations` made before.
     """
 
     def __init__(
@@ -71,6 +76,8 @@ class TrainingMonitor:
         self.eval_episodes, self.eval_every = eval_episodes, eval_every
         self.checkpoint_every, self.log_every = checkpoint_every, max(1, log_every)
         self.env_options = env_options or {}
+        if workdir and start_steps:
+            _drop_metrics_after(os.path.join(workdir, "metrics.csv"), int(start_steps))
         self.logger = MetricsLogger(workdir) if workdir else None
         self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints")) if workdir else None
         self.bar = ProgressBar(steps, desc=f"{agent} {env_id}", disable=None if progress else True)
@@ -176,6 +183,23 @@ class TrainingMonitor:
             results["resumed_from_step"] = self.start_steps
         results.update(extra or {})
         return results
+
+
+def _drop_metrics_after(csv_path: str, steps: int) -> None:
+    """Rewrites metrics.csv (atomically) without the rows past `steps`: what a killed run logged
+    after its last checkpoint, which the resumed run logs again."""
+    try:
+        with open(csv_path, newline="", encoding="utf-8") as csv_file:
+            rows = list(csv.reader(csv_file))
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise QrlInputError(f"cannot read {csv_path}: {error}") from error
+    kept = rows[:1] + [row for row in rows[1:] if not row or not row[0].isdigit() or int(row[0]) <= steps]
+    if len(kept) < len(rows):
+        text = io.StringIO()
+        csv.writer(text).writerows(kept)
+        qrl_io.atomic_write_text(csv_path, text.getvalue())
 
 
 def _first_multiple_after(every: int, steps: int) -> int:

@@ -122,7 +122,9 @@ def test_a_killed_run_resumes_to_its_total_steps(tmp_path):
     assert completed.returncode == 0, completed.stderr
     results = _read_json(os.path.join(workdir, "results.json"))
     assert results["env_steps"] == 40000 and results["resumed_from_step"] >= 1000
-    assert _metric_steps(workdir)[-1] == 40000
+    steps = _metric_steps(workdir)
+    body = [step for step in steps if step < 40000]  # the last step has a log row and a final-evaluation row
+    assert steps[-1] == 40000 and steps == sorted(steps) and len(body) == len(set(body))  # no row twice
     completed = run_module("launch.ptq", f"--workdir={workdir}", *ptq)
     assert completed.returncode == 0, completed.stderr
     sweep = _read_json(os.path.join(workdir, "ptq", "results.json"))
@@ -156,3 +158,16 @@ def test_resume_before_the_first_checkpoint_is_refused(short_run, tmp_path):
     assert_input_error(run_module("launch.train", *DQN, "--steps=1000", f"--workdir={workdir}", "--resume"),
                        "stopped before its first checkpoint")
     assert _listing(workdir) == before
+
+
+def test_a_resumed_monitor_drops_metrics_logged_after_its_checkpoint(tmp_path):
+    from qrl.run_monitor import TrainingMonitor
+
+    (tmp_path / "metrics.csv").write_text("step,loss\n1000,1.0\n2000,0.5\n3000,0.25\n")
+    monitor = TrainingMonitor("dqn", "gym:CartPole-v1", 5000, 0, str(tmp_path), policy=None, progress=False,
+                              start_steps=2000, evaluations=[{"env_steps": 1000, "mean": 9.0}])
+    monitor.logger.write(3000, {"loss": 0.1})
+    monitor.logger.close()
+
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1000,1.0\n2000,0.5\n3000,0.1\n"
+    assert monitor.evaluations == [{"env_steps": 1000, "mean": 9.0}]
