@@ -16,7 +16,6 @@ summary.json and plots/ into the workdir (`qrl.distributed.report`), and exits 1
 import dataclasses
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Callable, Optional, Sequence
 from absl import flags
 
 from launch import common, studies
-from qrl import io
+from qrl import io, workdirs
 from qrl.errors import QrlInputError
 
 ACTORQ_MODULE = "launch.actorq"
@@ -257,8 +256,7 @@ def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_subprocess)
     cell_dir = os.path.join(options.workdir, cell.relative_dir)
     if os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
         return "already done"
-    if os.path.exists(cell_dir):
-        shutil.rmtree(cell_dir)  # an unfinished run: start it again.
+    workdirs.remove_outputs(cell_dir)  # an unfinished run: start it again.
     os.makedirs(os.path.dirname(cell_dir), exist_ok=True)
     status = runner(cell_argv(cell, options), cell_dir + ".log")
     return "ran" if status == 0 and os.path.exists(os.path.join(cell_dir, RESULTS_FILE)) else None

@@ -5,6 +5,9 @@ training to fp16 / bf16 / int8 / fewer bits, and compare reward, bytes and laten
 
 Writes the training run (config.json, metrics.csv, tb/, checkpoints/, results.json), the PTQ
 sweep (ptq/results.json, ptq/report.md, ptq/sweetspot.png) and WORKDIR/report.md with both.
+Rerunning it on its own earlier output replaces that output; it never deletes in a directory it
+did not create (qrl's `qrl-workdir.json` marker must say kind demo, see `qrl.workdirs`), and
+files of yours in its workdir stay.
 """
 
 import os
@@ -14,10 +17,12 @@ from matplotlib.figure import Figure
 
 from launch import common, runs
 from qrl import io
+from qrl.quant import parse_precisions
 from qrl.quant.report import markdown_table
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", "runs/demo", "Where the demo writes (replaced if it exists).")
+flags.DEFINE_string("workdir", "runs/demo",
+                    "Where the demo writes: a new or empty directory, or an earlier demo's (whose outputs it replaces).")
 flags.DEFINE_string("env", "gym:CartPole-v1", "Environment id (discrete actions).")
 flags.DEFINE_integer("steps", 50_000, "DQN training steps.")
 flags.DEFINE_integer("seed", 0, "Training seed.")
@@ -41,9 +46,11 @@ def _plot_learning_curve(results: dict, path: str) -> None:
 
 def run() -> None:
     workdir = FLAGS.workdir
+    parse_precisions(FLAGS.precisions, "static")  # bad precisions fail before training writes anything
     print(f"Training DQN on {FLAGS.env} for {FLAGS.steps} steps (fp32) ...", flush=True)
     results = runs.train_run(
         "dqn", FLAGS.env, FLAGS.steps, FLAGS.seed, workdir, overwrite=True,
+        workdir_kind="demo", overwritable_kinds=("demo",),
         eval_episodes=FLAGS.episodes, eval_every=max(FLAGS.steps // 10, 1),
     )
     print("Post-training quantization sweep ...", flush=True)

@@ -20,10 +20,9 @@ import numpy as np
 from flax import serialization
 
 import qrl
-from launch.runs import prepare_workdir
 from pruning import PruneSettings, check_mask, kept_fraction, layer_kept_fractions, mask_from_arrays, mask_to_arrays
 from pruning import prune_networks, sparse, subtree_at
-from qrl import io, offline, runtime
+from qrl import io, offline, runtime, workdirs
 from qrl.datasets import d4rl, files, from_qlearning, normalize_observations, sample
 from qrl.errors import QrlInputError
 from qrl.networks.continuous import bounds as action_bounds
@@ -151,7 +150,7 @@ def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, prog
             key=jax.random.PRNGKey(run.seed + 2),
             synflow_inputs=synflow(config, bounds, observation_size) if synflow else None,
         )
-    prepare_workdir(workdir, overwrite)
+    workdirs.claim(workdir, "prune_offline", overwrite)
     run_config = {
         **dataclasses.asdict(run), "dataset": os.path.abspath(run.dataset), "env": env_id,
         "agent_config": config.to_dict(), "reference_returns": reference, "reference_source": reference_source,

@@ -16,7 +16,6 @@ report.md, summary.json and plots/ go into the workdir (`pruning.study_report`).
 
 import dataclasses
 import os
-import shutil
 import time
 import traceback
 from typing import Callable, Mapping, Optional, Sequence
@@ -27,7 +26,7 @@ from launch import common, studies
 from launch.prune_runs import MASKS_FILE, RESULTS_FILE, PruneRun, read_masks, run_prune_offline
 from pruning import PruneSettings, check_pruner, check_sparsity
 from pruning import study_report
-from qrl import io
+from qrl import io, workdirs
 from qrl.errors import QrlInputError
 
 DENSE = study_report.DENSE
@@ -196,8 +195,7 @@ def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_prune_offli
     error_path = cell_dir + ".error.txt"
     if os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
         return "already done"
-    if os.path.exists(cell_dir):
-        shutil.rmtree(cell_dir)
+    workdirs.remove_outputs(cell_dir)  # an unfinished run: start it again.
     try:
         runner(cell_run(cell, options), cell_dir, overwrite=False, progress=progress, printer=printer)
     except QrlInputError:

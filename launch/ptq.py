@@ -4,8 +4,9 @@ latency per precision, against fp32.
     python -m launch.ptq --workdir=runs/dqn_cartpole --precisions=fp32,fp16,bf16,int8,int4,int2 \\
         --episodes=10
 
-Restores the checkpoint in --workdir and writes ptq/results.json, ptq/report.md and
-ptq/sweetspot.png (return vs bits).
+Restores the trained policy of the finished run in --workdir (or checkpoint --step=N of any run)
+and writes ptq/results.json, ptq/report.md and ptq/sweetspot.png (return vs bits). An unfinished
+run (no results.json: killed, or still training) is refused unless --step names a checkpoint.
 """
 
 from absl import flags
@@ -25,6 +26,9 @@ flags.DEFINE_integer("calibration_steps", 2048, "fp32 rollout states used to cal
 flags.DEFINE_integer("divergence_steps", 2048, "fp32 rollout states on which action divergence is measured.")
 flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/ptq).")
 flags.DEFINE_integer("max_steps", None, "Cut evaluation episodes after this many steps (default: no cut).")
+flags.DEFINE_integer("step", None,
+                     "Evaluate the checkpoint at this environment step (default: the finished run's trained policy; "
+                     "needed for an unfinished run).")
 
 
 def run() -> None:
@@ -32,6 +36,7 @@ def run() -> None:
         common.require_workdir(FLAGS.workdir), FLAGS.precisions, FLAGS.episodes, seed=FLAGS.seed,
         activations=FLAGS.activations, calibration_steps=FLAGS.calibration_steps,
         divergence_steps=FLAGS.divergence_steps, out_dir=FLAGS.out, max_steps=FLAGS.max_steps,
+        step=FLAGS.step,
     )
     print(f"PTQ report: {paths['report.md']}")
 

@@ -5,32 +5,22 @@ The entry points (`launch.train`, `launch.ptq`, `launch.demo`) are flag wrappers
 
 import dataclasses
 import os
-import shutil
-from typing import Any, Mapping, Optional
+from typing import Any, Collection, Mapping, Optional
 
 import qrl
 from launch.common import require_workdir
-from qrl import envs, io, runtime
+from qrl import envs, io, runtime, workdirs
 from qrl.checkpointing import Checkpointer
 from qrl.envs.ids import split_env_id
 from qrl.errors import QrlInputError
 from qrl.quant import check_quant_delay, parse_precisions
 from qrl.quant.report import write_ptq_outputs
 from qrl.quant.sweep import run_sweep
+from qrl.run_monitor import HostStart
 
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
 CHECKPOINT_DIR = "checkpoints"
-
-
-def prepare_workdir(workdir: str, overwrite: bool) -> None:
-    """Creates `workdir`; one that already holds a run is an input error unless overwriting."""
-    require_workdir(workdir)
-    if os.path.exists(os.path.join(workdir, CONFIG_FILE)):
-        if not overwrite:
-            raise QrlInputError(f"{workdir} already holds a run; pass --overwrite to replace it")
-        shutil.rmtree(workdir)
-    os.makedirs(workdir, exist_ok=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +34,26 @@ class RestoredRun:
     state: Any  # the restored train state
     observation_spec: Any
     action_spec: Any
+    step: int  # the checkpoint's environment steps
+    finished: bool  # results.json is there: the run reached its steps
 
     @property
     def env_id(self) -> str:
         return self.run_config["env"]
 
 
-def restore_run(workdir: str) -> RestoredRun:
-    """Reads `config.json` and restores the latest checkpoint of a `launch.train` run."""
+def is_finished(workdir: str) -> bool:
+    """A run is finished when its results.json is there (written last, atomically)."""
+    return os.path.isfile(os.path.join(workdir, RESULTS_FILE))
+
+
+def restore_run(workdir: str, step: Optional[int] = None, require_finished: bool = False) -> RestoredRun:
+    """Reads `config.json` and restores a checkpoint of a `launch.train` run.
+
+    With `step` None, the newest intact checkpoint; with `require_finished`, an unfinished run
+    (no results.json) is refused, naming its newest checkpoint step and `--step`. An explicit
+    `step` must be one of the checkpoints there.
+    """
     from agents import get_agent
 
     require_workdir(workdir)
@@ -71,9 +73,19 @@ def restore_run(workdir: str) -> RestoredRun:
     observation_spec, action_spec = env.observation_spec(), env.action_spec()
     env.close()
     template = agent.init_state(config, observation_spec, action_spec)
+    finished = is_finished(workdir)
     with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpointer:
-        state = checkpointer.restore(template)
-    return RestoredRun(workdir, run_config, agent, config, state, observation_spec, action_spec)
+        if step is not None:
+            state = checkpointer.restore(template, step=step)
+        else:
+            newest = checkpointer.latest_step()
+            if require_finished and newest is not None and not finished:
+                raise QrlInputError(
+                    f"the run in {workdir} is unfinished (no {RESULTS_FILE}); its newest checkpoint is step "
+                    f"{newest}: pass --step={newest} to evaluate that checkpoint"
+                )
+            step, state = checkpointer.restore_newest_intact(template)
+    return RestoredRun(workdir, run_config, agent, config, state, observation_spec, action_spec, int(step), finished)
 
 
 def train_run(
@@ -84,7 +96,10 @@ def train_run(
     workdir: str,
     overrides: Optional[Mapping[str, Any]] = None,
     overwrite: bool = False,
+    resume: bool = False,
     xla_threads: Optional[int] = None,
+    workdir_kind: str = "train",
+    overwritable_kinds: Optional[Collection[str]] = None,
     **train_options: Any,
 ) -> dict:
     """Trains `agent_name` on `env_id` into `workdir`: config.json first, results.json last.
@@ -92,12 +107,19 @@ def train_run(
     `train_options` go to the agent's `train` (num_envs, eval_episodes, eval_every,
     checkpoint_every, progress). `xla_threads` sizes XLA:CPU's thread pool (None: one thread
     for vector observations, the default pool for images; see `qrl.runtime`).
+
+    The workdir is claimed as a `workdir_kind` run (see `qrl.workdirs`): `overwrite` replaces
+    qrl's outputs of a run there (of `overwritable_kinds` only, when given). `resume` continues
+    the run there instead, from its newest intact checkpoint (see `_resume_start`).
     """
     from agents import get_agent
 
+    if resume and overwrite:
+        raise QrlInputError("--resume and --overwrite exclude each other")
     agent = get_agent(agent_name)
     if steps < 1:
         raise QrlInputError(f"steps must be >= 1, got {steps}")
+    workdirs.check_path(workdir)
     on_device = split_env_id(env_id)[0] not in envs.HOST_FAMILIES
     if on_device:
         # Making a device env starts JAX's backend: size its thread pool first. One jitted
@@ -105,15 +127,15 @@ def train_run(
         runtime.configure_jax(0 if xla_threads is None else xla_threads)
     env = envs.make(env_id, seed=seed)
     agent.check_env(env_id, env.action_spec())
+    observation_spec, action_spec = env.observation_spec(), env.action_spec()
     if not on_device:
         if xla_threads is None:
-            xla_threads = runtime.recommended_xla_threads(env.observation_spec().shape)
+            xla_threads = runtime.recommended_xla_threads(observation_spec.shape)
         runtime.configure_jax(xla_threads)
     env.close()
     config = agent.config_for(env_id, overrides or {})
     if config.qat_bits:
         check_quant_delay(config.quant_delay, steps)
-    prepare_workdir(workdir, overwrite)
     run_config = {
         "agent": agent_name,
         "env": env_id,
@@ -124,11 +146,80 @@ def train_run(
         "agent_config": config.to_dict(),
         "qrl_version": qrl.__version__,
     }
+    start = None
+    if resume:
+        if on_device:
+            raise QrlInputError(
+                f"--resume: {env_id} trains on device in one compiled call, which does not resume from a "
+                "checkpoint; start a new run"
+            )
+        start = _resume_start(agent, config, run_config, workdir, observation_spec, action_spec)
+        if is_finished(workdir):
+            os.remove(os.path.join(workdir, RESULTS_FILE))  # finished again only when it reaches --steps
+    else:
+        workdirs.claim(
+            workdir, workdir_kind, overwrite, overwritable_kinds,
+            hint="pass --resume to continue it or --overwrite to replace its outputs",
+        )
     io.atomic_write_json(os.path.join(workdir, CONFIG_FILE), run_config)
+    if start is not None:
+        train_options["start"] = start
     _, results = agent.train(env_id, config, steps, seed=seed, workdir=workdir, **train_options)
     results = {"config": run_config, **results}
     io.atomic_write_json(os.path.join(workdir, RESULTS_FILE), results)
     return results
+
+
+RESUME_MUST_MATCH = ("agent", "env", "env_options", "seed", "agent_config")
+
+
+def _resume_start(agent: Any, config: Any, run_config: dict, workdir: str, observation_spec: Any,
+                  action_spec: Any) -> HostStart:
+    """Checks that the run in `workdir` can continue as `run_config` and restores where it stopped.
+
+    Refused (one line each): a workdir without a qrl train run, a different agent, environment,
+    seed or agent config (every difference listed), a finished run that `steps` does not extend,
+    and a checkpoint past `steps`. Nothing is written here.
+    """
+    workdirs.require_kind(workdir, ("train",), "--resume")
+    config_path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(config_path):
+        raise QrlInputError(f"--resume: {workdir} holds no run (no {CONFIG_FILE})")
+    saved = io.read_json(config_path)
+    current = io.to_json_compatible(run_config)
+    differences = []
+    for key in RESUME_MUST_MATCH:
+        saved_value, current_value = saved.get(key), current.get(key)
+        if key == "agent_config" and isinstance(saved_value, dict) and isinstance(current_value, dict):
+            differences += [
+                f"{key}.{name} ({saved_value.get(name)!r} -> {current_value.get(name)!r})"
+                for name in sorted(set(saved_value) | set(current_value))
+                if saved_value.get(name) != current_value.get(name)
+            ]
+        elif saved_value != current_value:
+            differences.append(f"{key} ({saved_value!r} -> {current_value!r})")
+    if differences:
+        raise QrlInputError(f"--resume with a different run than the one in {workdir}: {', '.join(differences)}")
+    steps = run_config["steps"]
+    if is_finished(workdir):
+        finished_steps = io.read_json(os.path.join(workdir, RESULTS_FILE)).get("env_steps", saved.get("steps", 0))
+        if finished_steps >= steps:
+            raise QrlInputError(
+                f"--resume: the run in {workdir} is finished ({finished_steps} steps); pass a larger --steps to "
+                "continue it"
+            )
+    template = agent.init_state(config, observation_spec, action_spec, run_config["seed"])
+    with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpointer:
+        if checkpointer.latest_step() is None:
+            raise QrlInputError(
+                f"--resume: the run in {workdir} stopped before its first checkpoint (--checkpoint_every sets how "
+                "often it saves); start it again with --overwrite"
+            )
+        step, state = checkpointer.restore_newest_intact(template)
+        extra = checkpointer.restore_extra(step) or {}
+    if step > steps:
+        raise QrlInputError(f"--resume: the newest checkpoint in {workdir} is at step {step}, past --steps={steps}")
+    return HostStart(state, step, evaluations=tuple(extra.get("evaluations", ())))
 
 
 def ptq_run(
@@ -141,23 +232,31 @@ def ptq_run(
     divergence_steps: int = 2048,
     out_dir: Optional[str] = None,
     max_steps: Optional[int] = None,
+    step: Optional[int] = None,
 ) -> tuple[dict, dict]:
     """Restores the run in `workdir`, sweeps `precisions` and writes results.json, report.md and
-    sweetspot.png into `out_dir` (default WORKDIR/ptq). Returns (sweep, output paths)."""
+    sweetspot.png into `out_dir` (default WORKDIR/ptq). Returns (sweep, output paths).
+
+    Evaluates checkpoint `step` when given; otherwise the trained policy of a finished run (an
+    unfinished one is refused: its newest checkpoint is not the trained policy). The results
+    record the step evaluated and whether the run was finished."""
     parsed = parse_precisions(precisions, activations)
     for name, value in (("episodes", episodes), ("calibration_steps", calibration_steps),
                         ("divergence_steps", divergence_steps)):
         if value < 1:
             raise QrlInputError(f"{name} must be >= 1, got {value}")
     runtime.configure_jax()
-    restored = restore_run(workdir)
+    restored = restore_run(workdir, step=step, require_finished=True)
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)
     sweep = run_sweep(
         spec, restored.agent.policy_params(restored.state), restored.env_id, parsed, episodes, seed=seed,
         calibration_steps=calibration_steps, divergence_steps=divergence_steps,
         env_options=restored.run_config.get("env_options", {}), max_steps=max_steps,
     )
-    sweep["run"] = {"workdir": workdir, "agent": restored.run_config["agent"], "activations": activations}
+    sweep["run"] = {
+        "workdir": workdir, "agent": restored.run_config["agent"], "activations": activations,
+        "checkpoint_step": restored.step, "run_finished": restored.finished,
+    }
     title = f"{restored.run_config['agent']} on {restored.env_id}"
     paths = write_ptq_outputs(sweep, out_dir or os.path.join(workdir, "ptq"), title=title)
     return sweep, paths

@@ -17,14 +17,13 @@ run that did not finish starts again. `qrl.quant.study_report` then writes the s
 
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
 from launch import runs
-from qrl import envs, io
+from qrl import envs, io, workdirs
 from qrl.config import QAT_MAX_BITS, QAT_MIN_BITS
 from qrl.errors import QrlInputError
 from qrl.quant import parse_precisions
@@ -207,8 +206,7 @@ def run_cell(
     os.makedirs(cell_dir, exist_ok=True)
     done = {"trained": False, "evaluated": False}
     if not os.path.exists(os.path.join(train_dir, runs.RESULTS_FILE)):
-        if os.path.exists(train_dir):
-            shutil.rmtree(train_dir)  # an unfinished run: start it again.
+        workdirs.remove_outputs(train_dir)  # an unfinished run: start it again.
         args = [f"--agent={cell.agent}", f"--env={cell.env_id}", f"--steps={cell.steps}", f"--seed={cell.seed}",
                 f"--workdir={train_dir}", f"--eval_episodes={episodes}", "--progress=false", *train_args]
         args += [f"--set={key}={value}" for key, value in overrides.items()]

@@ -7,7 +7,24 @@
         --quant_delay=20000 --workdir=runs/dqn_cartpole_qat8
 
 Writes config.json, metrics.csv, TensorBoard events (tb/), orbax checkpoints (checkpoints/)
-and results.json (final evaluation, throughput).
+and results.json (final evaluation, throughput), written last: a run is finished when its
+results.json is there. qrl claims --workdir with a `qrl-workdir.json` marker (see
+`qrl.workdirs`): a non-empty directory without one is refused, and --overwrite removes only
+the outputs the marker lists.
+
+A run killed before it finished continues with --resume (same agent, env, seed and config;
+--steps may grow, also past a finished run's):
+
+    python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --checkpoint_every=5000 \
+        --workdir=runs/dqn_cartpole --resume
+
+It restarts from the newest intact checkpoint (so --checkpoint_every bounds the work lost): the
+train state (params, optimizer, update count) and the evaluations so far come back; the
+environments restart and the replay buffer refills from scratch (updates wait for
+`learning_starts` new steps again), so the continuation is not the trajectory an uninterrupted
+run would have taken. metrics.csv keeps its rows up to the checkpoint and continues from there
+(TensorBoard events logged after the checkpoint stay, and are logged again). On-device runs (brax, gymnax ids: one compiled call)
+do not resume.
 """
 
 from absl import flags
@@ -30,7 +47,11 @@ flags.DEFINE_integer("qat_bits", None,
 flags.DEFINE_integer("quant_delay", None,
                      "With --qat_bits: environment steps of fp32 training before fake quantization starts.")
 flags.DEFINE_multi_string("set", [], "Agent config override key=value (repeatable), e.g. --set=learning_rate=1e-3.")
-flags.DEFINE_bool("overwrite", False, "Replace a run already in --workdir.")
+flags.DEFINE_bool("overwrite", False,
+                  "Replace a qrl run already in --workdir: removes only the outputs its qrl-workdir.json lists.")
+flags.DEFINE_bool("resume", False,
+                  "Continue the run in --workdir from its newest intact checkpoint (same agent, env, seed and config; "
+                  "--steps may grow). The replay buffer refills from scratch; host environments only.")
 flags.DEFINE_integer("xla_threads", None,
                      "XLA:CPU thread pool size (default: 1 for vector observations, one per core for images).")
 flags.DEFINE_bool("progress", True, "Show a progress bar (periodic one-line summaries when not on a terminal).")
@@ -49,7 +70,7 @@ def run() -> None:
         train_options["num_envs"] = FLAGS.num_envs
     results = runs.train_run(
         FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, common.require_workdir(FLAGS.workdir),
-        overrides=overrides, overwrite=FLAGS.overwrite, xla_threads=FLAGS.xla_threads,
+        overrides=overrides, overwrite=FLAGS.overwrite, resume=FLAGS.resume, xla_threads=FLAGS.xla_threads,
         eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
         progress=FLAGS.progress, **train_options,
     )

@@ -69,15 +69,57 @@ class Checkpointer:
         return steps[-1] if steps else None
 
     def restore(self, target_state: Any, step: Optional[int] = None) -> Any:
-        """Returns the state saved at `step` (default: latest), shaped like `target_state`."""
-        args = ocp.args.Composite(**{_STATE_ITEM: ocp.args.StandardRestore(target_state)})
+        """Returns the state saved at `step`, shaped like `target_state`.
+
+        With `step` None, the newest intact checkpoint (see `restore_newest_intact`); an explicit
+        `step` that is corrupt raises `QrlInputError`.
+        """
+        if step is None:
+            return self.restore_newest_intact(target_state)[1]
         with _orbax_quietly():
             manager, step = self._find_step(step)
-            self._check_matches(manager, step, target_state)
-            try:
-                return manager.restore(step, args=args)[_STATE_ITEM]
-            except Exception as error:
-                raise self._corrupt_error(step, error) from error
+            return self._restore_step(manager, step, target_state)
+
+    def restore_newest_intact(self, target_state: Any) -> Tuple[int, Any]:
+        """Returns `(step, state)` of the newest checkpoint that restores.
+
+        A corrupt newer checkpoint (garbled, truncated or missing files) is skipped with one
+        warning line on stderr naming it and the step restored instead; `QrlInputError` when none
+        is intact. A checkpoint of another model (mismatched shapes) raises at once: older steps
+        of the same run would not match either.
+        """
+        with _orbax_quietly():
+            manager, newest = self._find_step(None)
+            steps = sorted(manager.all_steps(), reverse=True)
+            skipped: List[Tuple[int, _CorruptCheckpoint]] = []
+            for step in steps:
+                try:
+                    state = self._restore_step(manager, step, target_state)
+                except _CorruptCheckpoint as error:
+                    skipped.append((step, error))
+                    continue
+                for corrupt_step, error in skipped:
+                    print(
+                        f"warning: checkpoint {corrupt_step} in {self.directory} is corrupt "
+                        f"({error.cause}); restored step {step}",
+                        file=sys.stderr, flush=True,
+                    )
+                return step, state
+        first_step, first_error = skipped[0]
+        if len(skipped) == 1:
+            raise QrlInputError(str(first_error))
+        raise QrlInputError(
+            f"every checkpoint in {self.directory} is corrupt (steps {sorted(steps)}); "
+            f"newest, step {first_step}: {first_error.cause}"
+        )
+
+    def _restore_step(self, manager: ocp.CheckpointManager, step: int, target_state: Any) -> Any:
+        args = ocp.args.Composite(**{_STATE_ITEM: ocp.args.StandardRestore(target_state)})
+        self._check_matches(manager, step, target_state)
+        try:
+            return manager.restore(step, args=args)[_STATE_ITEM]
+        except Exception as error:
+            raise self._corrupt_error(step, error) from error
 
     def restore_extra(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """Returns the JSON metadata saved with `step` (default: latest), or None if it had none."""
@@ -190,10 +232,16 @@ class Checkpointer:
     def _step_directory(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
-    def _corrupt_error(self, step: int, cause: Any) -> QrlInputError:
-        return QrlInputError(
-            f"corrupt checkpoint in {self._step_directory(step)}: {_one_line(cause)}"
-        )
+    def _corrupt_error(self, step: int, cause: Any) -> "_CorruptCheckpoint":
+        return _CorruptCheckpoint(self._step_directory(step), _one_line(cause))
+
+
+class _CorruptCheckpoint(QrlInputError):
+    """A checkpoint whose files do not read back (garbled, truncated, missing)."""
+
+    def __init__(self, step_directory: str, cause: str):
+        super().__init__(f"corrupt checkpoint in {step_directory}: {cause}")
+        self.cause = cause
 
 
 def _shape_of(leaf: Any) -> Tuple[int, ...]:

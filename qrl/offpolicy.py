@@ -42,7 +42,7 @@ from qrl.networks.continuous import bounds as action_bounds, compute_params
 from qrl.quant import FP32, Precision, check_quant_delay, parse_precision, qat_precision
 from qrl.quant.sweep import PolicySpec
 from qrl.replay import DeviceReplay, NStepAccumulator, Transition, UniformReplay, nstep_window_init, nstep_window_push
-from qrl.run_monitor import RECENT_EPISODES, TrainingMonitor
+from qrl.run_monitor import RECENT_EPISODES, HostStart, TrainingMonitor
 
 ActFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
 PolicyFn = Callable[[Any, jax.Array], jax.Array]
@@ -223,20 +223,6 @@ class TransitionRecorder:
                 self.episode_returns[index] = 0.0
 
 
-@dataclasses.dataclass(frozen=True)
-class HostStart:
-    """Where a host run resumes: a train state, the environment steps already taken, and the
-    transitions to refill the replay with (`Transition` of `[N, ...]` arrays; None for none).
-
-    The environments and the host random stream start afresh: a resumed run continues the
-    learning, not the exact trajectory an uninterrupted run would have taken.
-    """
-
-    state: Any
-    env_steps: int
-    replay: Optional[Transition] = None
-
-
 # Called after every vector step (and the updates it triggered) with
 # `(env_steps, state, observations [N, D], actions [N, A], timestep)`.
 StepObserver = Callable[[int, Any, np.ndarray, np.ndarray, Any], None]
@@ -294,10 +280,14 @@ def train_host(
     monitor = TrainingMonitor(
         agent.name, env_id, steps, seed, workdir, evaluation_policy,
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
+        start_steps=0 if start is None else start.env_steps, evaluations=() if start is None else start.evaluations,
     )
 
     env_steps = 0 if start is None else int(start.env_steps)
     next_train = max(config.learning_starts, config.train_freq)
+    if start is not None and start.replay is None:
+        # The replay refills from scratch: updates wait for `learning_starts` new steps again.
+        next_train += env_steps
     while next_train <= env_steps:
         next_train += config.train_freq
     observations = vector_env.reset()
@@ -589,20 +579,24 @@ def train(
     log_every: int = 1_000,
     progress: bool = True,
     env_options: Optional[dict] = None,
+    start: Optional[HostStart] = None,
 ) -> tuple[Any, dict]:
     """The host loop for host ids (gym, dmc), the on-device loop for brax / gymnax ids.
 
-    On device, `eval_every` and `checkpoint_every` do not apply (the run is one compiled call).
+    On device, `eval_every` and `checkpoint_every` do not apply (the run is one compiled call)
+    and a run cannot resume (`start` is for host runs).
     """
     if steps < 1:
         raise QrlInputError(f"steps must be >= 1, got {steps}")
     if is_device_id(env_id):
+        if start is not None:
+            raise QrlInputError(f"{env_id} trains on device in one compiled call, which cannot resume")
         return train_on_device(
             build, check_env, config, env_id, steps, seed, workdir, num_envs, eval_episodes, progress, env_options
         )
     return train_host(
         build, check_env, config, env_id, steps, seed, workdir, num_envs, eval_episodes, eval_every,
-        checkpoint_every, log_every, progress, env_options,
+        checkpoint_every, log_every, progress, env_options, start=start,
     )
 
 
@@ -664,15 +658,16 @@ class AgentFunctions:
         log_every: int = 1_000,
         progress: bool = True,
         env_options: Optional[dict] = None,
+        start: Optional[HostStart] = None,
     ) -> tuple[Any, dict]:
         """Trains the agent for `steps` environment steps; returns the final state and a results dict.
 
         Host ids (gym, dmc) run `train_host`, device ids (brax, gymnax) `make_train` under one
-        jit. See `qrl.offpolicy.train` for the arguments.
+        jit. See `qrl.offpolicy.train` for the arguments; `start` resumes a host run.
         """
         return train(
             self.build, self.check_env, config, env_id, steps, seed, workdir, num_envs, eval_episodes, eval_every,
-            checkpoint_every, log_every, progress, env_options,
+            checkpoint_every, log_every, progress, env_options, start,
         )
 
     def init_state(self, config, observation_spec, action_spec, seed: int = 0):

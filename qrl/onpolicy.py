@@ -41,7 +41,7 @@ from qrl.errors import QrlInputError
 from qrl.evaluation import EvalResult
 from qrl.quant import FP32, Precision, check_quant_delay, qat_precision
 from qrl.quant.sweep import PolicySpec
-from qrl.run_monitor import EVAL_SEED_OFFSET, RECENT_EPISODES, TrainingMonitor
+from qrl.run_monitor import EVAL_SEED_OFFSET, RECENT_EPISODES, HostStart, TrainingMonitor
 
 _LAST = int(dm_env.StepType.LAST)
 DEVICE_CHUNK_STEPS = 32_768  # environment steps per host round trip of the on-device loop, unless
@@ -307,18 +307,20 @@ class OnPolicyAgent:
         log_every: int = 1_000,
         progress: bool = True,
         env_options: Optional[dict] = None,
+        start: Optional[HostStart] = None,
     ) -> tuple[TrainState, dict]:
         """Trains the agent for `steps` environment steps; returns the final state and a results dict.
 
         `num_envs` (when given) replaces `config.num_envs`. With a `workdir`, writes
         `metrics.csv`, TensorBoard events and orbax checkpoints (every `checkpoint_every` steps
         when > 0, and at the end). The greedy policy is evaluated every `eval_every` steps (when
-        > 0) and at the end over `eval_episodes` episodes seeded from `seed + 1_000_000`.
+        > 0) and at the end over `eval_episodes` episodes seeded from `seed + 1_000_000`. `start`
+        resumes a host run (see `train`).
         """
         return train(
             self, self.check_env, env_id, config, steps, seed=seed, workdir=workdir, num_envs=num_envs,
             eval_episodes=eval_episodes, eval_every=eval_every, checkpoint_every=checkpoint_every,
-            log_every=log_every, progress=progress, env_options=env_options,
+            log_every=log_every, progress=progress, env_options=env_options, start=start,
         )
 
     def make_train(
@@ -392,12 +394,15 @@ def train(
     log_every: int = 1_000,
     progress: bool = True,
     env_options: Optional[dict] = None,
+    start: Optional[HostStart] = None,
 ) -> tuple[TrainState, dict]:
     """Trains `agent` for `steps` environment steps on the host or on device, by `env_id`.
 
     `num_envs` (when given) replaces `config.num_envs`. Returns the final state and the
     results dict (`final_eval` is the greedy policy over `eval_episodes` episodes seeded
-    from `seed + 1_000_000`).
+    from `seed + 1_000_000`). `start` resumes a host run from a saved state: its environments
+    restart, and the iterations left are those after `start.env_steps`. On-device runs do not
+    resume (their environment state lives in the compiled loop and is not checkpointed).
     """
     config = _check_run(agent, config, steps, num_envs)
     kwargs = dict(
@@ -405,8 +410,10 @@ def train(
         checkpoint_every=checkpoint_every, log_every=log_every, progress=progress, env_options=env_options or {},
     )
     if envs.is_device_id(env_id):
+        if start is not None:
+            raise QrlInputError(f"{env_id} trains on device, which cannot resume from a checkpoint")
         return train_device(agent, check_env, env_id, config, steps, **kwargs)
-    return train_host(agent, check_env, env_id, config, steps, **kwargs)
+    return train_host(agent, check_env, env_id, config, steps, start=start, **kwargs)
 
 
 # --- Host path --------------------------------------------------------------------------------
@@ -458,13 +465,18 @@ def train_host(
     log_every: int,
     progress: bool,
     env_options: dict,
+    start: Optional[HostStart] = None,
 ) -> tuple[TrainState, dict]:
     """The host loop over `config.num_envs` host environments (see the module docstring)."""
     vector_env = envs.make_vector(env_id, config.num_envs, seed, **env_options)
     observation_spec, action_spec = vector_env.observation_spec(), vector_env.action_spec()
     check_env(env_id, action_spec)
     iterations = iterations_for(config, steps)
-    state = agent.init(jax.random.PRNGKey(seed), config, observation_spec, action_spec)
+    steps_per_iteration = config.num_steps * config.num_envs
+    if start is None:
+        state, env_steps = agent.init(jax.random.PRNGKey(seed), config, observation_spec, action_spec), 0
+    else:
+        state, env_steps = start.state, int(start.env_steps)
     actor_critics, acts, greedy, updates = {}, {}, {}, {}
     for precision in precisions(config):
         actor_critics[precision] = agent.make_actor_critic(config, observation_spec, action_spec, precision)
@@ -479,13 +491,15 @@ def train_host(
         agent.name, env_id, steps, seed, workdir,
         lambda observations: np.asarray(greedy[precision](acting_params(state.params), observations)),
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
+        start_steps=env_steps, evaluations=() if start is None else start.evaluations,
     )
     buffer = RolloutBuffer(config.num_steps, config.num_envs, observation_spec, head)
     act_key = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
+    if start is not None:  # a resumed run does not replay the first run's action noise
+        act_key = jax.random.fold_in(act_key, env_steps)
     episode_returns_now = np.zeros(config.num_envs, np.float64)
-    env_steps = 0
     observations = vector_env.reset()
-    for _ in range(iterations):
+    for _ in range(iterations - env_steps // steps_per_iteration):
         if config.qat_bits and env_steps >= config.quant_delay:
             precision = qat_precision(config.qat_bits)
         act, params = acts[precision], acting_params(state.params)
@@ -507,7 +521,7 @@ def train_host(
                     monitor.episode_finished(episode_returns_now[index])
                 episode_returns_now[last] = 0.0
             observations = timestep.observation
-        env_steps += config.num_steps * config.num_envs
+        env_steps += steps_per_iteration
         state, metrics = updates[precision](state, buffer.rollout())
         monitor.step(env_steps, state, metrics, config)
     vector_env.close()

@@ -7,18 +7,40 @@ checkpoints every `checkpoint_every` steps, and at the end evaluates, checkpoint
 the run's results dict.
 """
 
+import csv
+import dataclasses
+import io
 import os
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from qrl import evaluation
+from qrl import io as qrl_io
 from qrl.checkpointing import Checkpointer
+from qrl.errors import QrlInputError
 from qrl.logging import MetricsLogger, ProgressBar
 
 EVAL_SEED_OFFSET = 1_000_000  # evaluation episodes never share seeds with training envs.
 RECENT_EPISODES = 10  # the logged training return averages this many latest episodes.
+
+
+@dataclasses.dataclass(frozen=True)
+class HostStart:
+    """Where a host run resumes: a train state, the environment steps already taken, the
+    transitions to refill the replay with (a `qrl.replay.Transition` of `[N, ...]` arrays; None
+    for none) and the evaluations made before (kept in the results).
+
+    The environments and the host random stream start afresh, and a replay not given starts
+    empty: a resumed run continues the learning, not the exact trajectory an uninterrupted run
+    would have taken.
+    """
+
+    state: Any
+    env_steps: int
+    replay: Optional[Any] = None
+    evaluations: Sequence[dict] = ()
 
 
 class TrainingMonitor:
@@ -27,6 +49,9 @@ class TrainingMonitor:
     `policy` maps observations `[B, ...]` (numpy) to environment actions `[B, ...]`; it should
     read the learner's current params through a closure, so evaluations see the latest policy.
     With no `workdir` nothing is written to disk (metrics are still summarized in the results).
+    A resumed run passes `start_steps` (the environment steps already taken; logging, evaluation
+    and checkpoint schedules continue after it, and metrics.csv rows past it are dropped) and
+    the `evaluations` made before.
     """
 
     def __init__(
@@ -43,21 +68,30 @@ class TrainingMonitor:
         log_every: int = 1_000,
         progress: bool = True,
         env_options: Optional[dict] = None,
+        start_steps: int = 0,
+        evaluations: Sequence[dict] = (),
     ):
         self.agent, self.env_id, self.steps, self.seed = agent, env_id, steps, seed
         self.policy = policy
         self.eval_episodes, self.eval_every = eval_episodes, eval_every
         self.checkpoint_every, self.log_every = checkpoint_every, max(1, log_every)
         self.env_options = env_options or {}
+        if workdir and start_steps:
+            _drop_metrics_after(os.path.join(workdir, "metrics.csv"), int(start_steps))
         self.logger = MetricsLogger(workdir) if workdir else None
         self.checkpointer = Checkpointer(os.path.join(workdir, "checkpoints")) if workdir else None
         self.bar = ProgressBar(steps, desc=f"{agent} {env_id}", disable=None if progress else True)
         self.episode_returns: list[float] = []
-        self.evaluations: list[dict] = []
+        self.evaluations: list[dict] = [dict(record) for record in evaluations]
         self.last_train_metrics: dict = {}
-        self._next_log = self.log_every
-        self._next_eval = eval_every if eval_every > 0 else None
-        self._next_checkpoint = checkpoint_every if checkpoint_every > 0 else None
+        self.start_steps = int(start_steps)
+        self._next_log = _first_multiple_after(self.log_every, self.start_steps)
+        self._next_eval = _first_multiple_after(eval_every, self.start_steps) if eval_every > 0 else None
+        self._next_checkpoint = (
+            _first_multiple_after(checkpoint_every, self.start_steps) if checkpoint_every > 0 else None
+        )
+        if self.start_steps:
+            self.bar.update(min(self.start_steps, steps))
         self._start = time.perf_counter()
 
     def episode_finished(self, episode_return: float) -> None:
@@ -97,16 +131,20 @@ class TrainingMonitor:
             self.save(env_steps, state, config)
 
     def save(self, env_steps: int, state: Any, config: Any = None) -> None:
-        """Checkpoints `state` (with the step and the config as JSON extras) if there is a workdir."""
+        """Checkpoints `state` (with the step, the config and the evaluations so far as JSON
+        extras) if there is a workdir."""
         if self.checkpointer:
-            extra = {"env_steps": env_steps}
+            extra = {"env_steps": env_steps, "evaluations": self.evaluations}
             if config is not None:
                 extra["config"] = config.to_dict()
             self.checkpointer.save(env_steps, state, extra=extra)
 
     def _log_row(self, env_steps: int, extra_metrics: Optional[dict]) -> None:
         elapsed = time.perf_counter() - self._start
-        metrics = {"episodes": len(self.episode_returns), "steps_per_second": env_steps / max(elapsed, 1e-9)}
+        metrics = {
+            "episodes": len(self.episode_returns),
+            "steps_per_second": (env_steps - self.start_steps) / max(elapsed, 1e-9),
+        }
         if self.episode_returns:
             metrics["episode_return"] = float(np.mean(self.episode_returns[-RECENT_EPISODES:]))
         metrics.update(extra_metrics or {})
@@ -136,10 +174,34 @@ class TrainingMonitor:
             "updates": int(updates),
             "episodes": len(self.episode_returns),
             "train_seconds": train_seconds,
-            "steps_per_second": env_steps / max(train_seconds, 1e-9),
+            "steps_per_second": (env_steps - self.start_steps) / max(train_seconds, 1e-9),
             "final_eval": final.to_dict(),
             "evaluations": self.evaluations,
             "last_train_returns": self.episode_returns[-RECENT_EPISODES:],
         }
+        if self.start_steps:
+            results["resumed_from_step"] = self.start_steps
         results.update(extra or {})
         return results
+
+
+def _drop_metrics_after(csv_path: str, steps: int) -> None:
+    """Rewrites metrics.csv (atomically) without the rows past `steps`: what a killed run logged
+    after its last checkpoint, which the resumed run logs again."""
+    try:
+        with open(csv_path, newline="", encoding="utf-8") as csv_file:
+            rows = list(csv.reader(csv_file))
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise QrlInputError(f"cannot read {csv_path}: {error}") from error
+    kept = rows[:1] + [row for row in rows[1:] if not row or not row[0].isdigit() or int(row[0]) <= steps]
+    if len(kept) < len(rows):
+        text = io.StringIO()
+        csv.writer(text).writerows(kept)
+        qrl_io.atomic_write_text(csv_path, text.getvalue())
+
+
+def _first_multiple_after(every: int, steps: int) -> int:
+    """The smallest multiple of `every` above `steps`."""
+    return every * (steps // every + 1)

@@ -255,3 +255,58 @@ def test_save_and_failed_restore_keep_stderr_clean_and_exit_promptly(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout == "input error\n"
     assert result.stderr == "", result.stderr
+
+
+def _save_three(directory):
+    checkpointer = Checkpointer(directory)
+    for seed in (1, 2, 3):
+        checkpointer.save(seed, _make_state(seed, hidden=64))
+    checkpointer.close()
+
+
+def _garble_arrays(directory, step):
+    paths = glob.glob(str(directory / str(step) / "state" / "d" / "*"))
+    assert paths, "orbax no longer writes state/d/*"
+    for path in paths:
+        _overwrite_with_garbage(path)
+
+
+def test_restore_falls_back_to_the_newest_intact_checkpoint(tmp_path, capsys):
+    _save_three(tmp_path)
+    _garble_arrays(tmp_path, 3)
+
+    step, state = Checkpointer(tmp_path).restore_newest_intact(_make_state(0, hidden=64))
+
+    assert step == 2
+    _assert_same_state(state, _make_state(2, hidden=64))
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"warning: checkpoint 3 in {tmp_path} is corrupt (")
+    assert warnings[0].endswith("; restored step 2")
+    _assert_same_state(Checkpointer(tmp_path).restore(_make_state(0, hidden=64)), _make_state(2, hidden=64))
+
+
+def test_explicit_corrupt_step_still_raises(tmp_path):
+    _save_three(tmp_path)
+    _garble_arrays(tmp_path, 3)
+
+    with pytest.raises(QrlInputError, match=f"^corrupt checkpoint in {tmp_path}/3: "):
+        Checkpointer(tmp_path).restore(_make_state(0, hidden=64), step=3)
+
+
+def test_every_checkpoint_corrupt_is_one_line_input_error(tmp_path):
+    _save_three(tmp_path)
+    for step in (1, 2, 3):
+        _garble_arrays(tmp_path, step)
+
+    with pytest.raises(QrlInputError, match=r"^every checkpoint in .* is corrupt \(steps \[1, 2, 3\]\)") as error:
+        Checkpointer(tmp_path).restore(_make_state(0, hidden=64))
+    assert "\n" not in str(error.value)
+
+
+def test_mismatched_newest_checkpoint_is_not_skipped(tmp_path):
+    _save_three(tmp_path)
+    Checkpointer(tmp_path).save(4, _make_state(4, hidden=16))
+
+    with pytest.raises(QrlInputError, match="does not match the target state"):
+        Checkpointer(tmp_path).restore(_make_state(0, hidden=64))

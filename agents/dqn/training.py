@@ -19,7 +19,7 @@ from qrl.errors import QrlInputError
 from qrl.offpolicy import TransitionRecorder
 from qrl.quant import check_quant_delay, make_exporter, qat_precision, serving_precision
 from qrl.replay import UniformReplay
-from qrl.run_monitor import TrainingMonitor
+from qrl.run_monitor import HostStart, TrainingMonitor
 
 
 def check_env(env_id: str, action_spec) -> None:
@@ -47,6 +47,7 @@ def train(
     log_every: int = 1_000,
     progress: bool = True,
     env_options: Optional[dict] = None,
+    start: Optional[HostStart] = None,
 ) -> tuple[learning.TrainState, dict]:
     """Trains DQN for `steps` environment steps; returns the final state and a results dict.
 
@@ -56,6 +57,9 @@ def train(
     `eval_episodes` episodes seeded from `seed + 1_000_000`. With `config.qat_bits`, the
     Q-network trains fake-quantized from `config.quant_delay` steps on, and acts and is
     evaluated as its `int<N>` export.
+
+    `start` resumes a run from a saved state at `start.env_steps`: the environments restart and
+    the replay refills from scratch (updates wait for `learning_starts` new steps again).
     """
     if steps < 1:
         raise QrlInputError(f"steps must be >= 1, got {steps}")
@@ -66,7 +70,10 @@ def train(
     observation_shape = tuple(observation_spec.shape)
     num_actions = envs.num_actions(action_spec)
 
-    state = learning.init(jax.random.PRNGKey(seed), config, observation_shape, observation_spec.dtype, num_actions)
+    if start is None:
+        state = learning.init(jax.random.PRNGKey(seed), config, observation_shape, observation_spec.dtype, num_actions)
+    else:
+        state = start.state
     num_updates = learning.total_updates(config, steps)
     fp32_network = learning.make_network(config, observation_shape, num_actions)
     update = learning.make_update(fp32_network, config, num_updates)
@@ -92,20 +99,28 @@ def train(
         nonlocal update, policy, acting_params, quantized
         update, policy, acting_params, quantized = qat_update, qat_policy, export(state.params), True
 
-    if config.qat_bits and config.quant_delay == 0:
+    env_steps = 0 if start is None else int(start.env_steps)
+    if config.qat_bits and env_steps >= config.quant_delay:
         start_quantizing()
     epsilon_at = acting.epsilon_schedule(config, steps)
 
     replay = UniformReplay(config.buffer_size, seed=seed)
+    if start is not None and start.replay is not None:
+        replay.add_batch(start.replay)
     recorder = TransitionRecorder(replay, num_envs, config.n_step, config.gamma)
     rng = np.random.default_rng(seed)
     monitor = TrainingMonitor(
         "dqn", env_id, steps, seed, workdir, lambda observations: policy(observations),
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
+        start_steps=env_steps, evaluations=() if start is None else start.evaluations,
     )
 
-    env_steps = 0
     next_train = max(config.learning_starts, config.train_freq)
+    if start is not None and start.replay is None:
+        # The replay refills from scratch: updates wait for `learning_starts` new steps again.
+        next_train += env_steps
+    while next_train <= env_steps:
+        next_train += config.train_freq
     observations = vector_env.reset()
     while env_steps < steps:
         epsilon = epsilon_at(env_steps)

@@ -11,11 +11,10 @@ estimate; `qrl.distributed.report` reads it) and `breakdown.png`.
 import dataclasses
 import math
 import os
-import shutil
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from qrl import envs, io
+from qrl import envs, io, workdirs
 from qrl.distributed import energy, weights
 from qrl.distributed.broadcaster import Broadcaster
 from qrl.distributed.actor import Actor
@@ -235,10 +234,16 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
 
 
 def prepare_workdir(workdir: str, config: ActorQConfig, resume: bool, overwrite: bool) -> None:
-    """A fresh workdir, or (resume) one whose run has the same settings. Writes config.json."""
+    """A fresh workdir, or (resume) one whose run has the same settings. Writes config.json.
+
+    qrl claims the workdir through `qrl.workdirs`: overwriting removes only the outputs its
+    marker lists, and a non-empty directory qrl did not create is refused.
+    """
     config_path = os.path.join(workdir, CONFIG_FILE)
+    workdirs.check_path(workdir)
     if os.path.exists(config_path):
         if resume:
+            workdirs.require_kind(workdir, ("actorq",), "--resume")
             saved = io.read_json(config_path).get("actorq", {})
             current = io.to_json_compatible(config.to_dict())
             differing = sorted(
@@ -248,13 +253,13 @@ def prepare_workdir(workdir: str, config: ActorQConfig, resume: bool, overwrite:
             if differing:
                 details = ", ".join(f"{key} ({saved.get(key)!r} -> {current.get(key)!r})" for key in differing)
                 raise QrlInputError(f"--resume with a different config than the run in {workdir}: {details}")
-        elif overwrite:
-            shutil.rmtree(workdir)
         else:
-            raise QrlInputError(f"{workdir} already holds a run; pass --resume to continue it or --overwrite to replace it")
+            workdirs.claim(workdir, "actorq", overwrite,
+                           hint="pass --resume to continue it or --overwrite to replace its outputs")
     elif resume:
         raise QrlInputError(f"--resume: {workdir} holds no ActorQ run")
-    os.makedirs(workdir, exist_ok=True)
+    else:
+        workdirs.claim(workdir, "actorq")
     io.atomic_write_json(config_path, {"actorq": config.to_dict()})
 
 
