@@ -113,6 +113,8 @@ def train_run(
     config = agent.config_for(env_id, overrides or {})
     if config.qat_bits:
         check_quant_delay(config.quant_delay, steps)
+    if train_options.get("num_envs") is not None and hasattr(config, "num_envs"):
+        config.override({"num_envs": train_options["num_envs"]})  # the agent's checks of a rollout that size
     prepare_workdir(workdir, overwrite)
     run_config = {
         "agent": agent_name,
