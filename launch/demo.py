@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from launch import common, runs
 from qrl import io
+from qrl.quant import parse_precisions
 from qrl.quant.report import markdown_table
 
 FLAGS = flags.FLAGS
@@ -39,8 +40,13 @@ def _plot_learning_curve(results: dict, path: str) -> None:
     io.save_figure(figure, path)
 
 
+FLAG_RANGES = {"steps": common.AT_LEAST_1, "seed": common.AT_LEAST_0, "episodes": common.AT_LEAST_1}
+
+
 def run() -> None:
-    workdir = FLAGS.workdir
+    workdir = common.require_workdir(FLAGS.workdir)
+    common.check_flag_ranges(FLAG_RANGES)
+    parse_precisions(FLAGS.precisions, "static")
     print(f"Training DQN on {FLAGS.env} for {FLAGS.steps} steps (fp32) ...", flush=True)
     results = runs.train_run(
         "dqn", FLAGS.env, FLAGS.steps, FLAGS.seed, workdir, overwrite=True,

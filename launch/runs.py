@@ -9,7 +9,7 @@ import shutil
 from typing import Any, Mapping, Optional
 
 import qrl
-from launch.common import require_workdir
+from launch.common import check_writable_directory, require_workdir
 from qrl import envs, io, runtime
 from qrl.checkpointing import Checkpointer
 from qrl.envs.ids import split_env_id
@@ -65,15 +65,26 @@ def restore_run(workdir: str) -> RestoredRun:
         agent = get_agent(run_config["agent"])
         config = agent.Config.from_dict(run_config["agent_config"])
         env_id = run_config["env"]
-    except (KeyError, TypeError) as error:
+        env_options = dict(run_config.get("env_options", {}))
+    except (KeyError, TypeError, AttributeError) as error:
         raise QrlInputError(f"{config_path} is missing or has a malformed field: {error}") from None
-    env = envs.make(env_id, seed=0, **run_config.get("env_options", {}))
+    env = envs.make(env_id, seed=0, **env_options)
     observation_spec, action_spec = env.observation_spec(), env.action_spec()
     env.close()
     template = agent.init_state(config, observation_spec, action_spec)
     with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpointer:
         state = checkpointer.restore(template)
     return RestoredRun(workdir, run_config, agent, config, state, observation_spec, action_spec)
+
+
+def check_run_config(config: Any, steps: int, num_envs: Optional[int] = None) -> None:
+    """What a training run of `steps` environment steps on `num_envs` environments (None: the
+    agent's) asks of an agent config beyond its own ranges: a QAT delay shorter than the run,
+    and, for agents whose config sizes the rollout, the agent's checks of that rollout."""
+    if config.qat_bits:
+        check_quant_delay(config.quant_delay, steps)
+    if num_envs is not None and hasattr(config, "num_envs"):
+        config.override({"num_envs": num_envs})
 
 
 def train_run(
@@ -111,10 +122,7 @@ def train_run(
         runtime.configure_jax(xla_threads)
     env.close()
     config = agent.config_for(env_id, overrides or {})
-    if config.qat_bits:
-        check_quant_delay(config.quant_delay, steps)
-    if train_options.get("num_envs") is not None and hasattr(config, "num_envs"):
-        config.override({"num_envs": train_options["num_envs"]})  # the agent's checks of a rollout that size
+    check_run_config(config, steps, train_options.get("num_envs"))
     prepare_workdir(workdir, overwrite)
     run_config = {
         "agent": agent_name,
@@ -151,6 +159,8 @@ def ptq_run(
                         ("divergence_steps", divergence_steps)):
         if value < 1:
             raise QrlInputError(f"{name} must be >= 1, got {value}")
+    out_dir = out_dir or os.path.join(workdir, "ptq")
+    check_writable_directory(out_dir, "the PTQ output directory")
     runtime.configure_jax()
     restored = restore_run(workdir)
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)
@@ -161,5 +171,5 @@ def ptq_run(
     )
     sweep["run"] = {"workdir": workdir, "agent": restored.run_config["agent"], "activations": activations}
     title = f"{restored.run_config['agent']} on {restored.env_id}"
-    paths = write_ptq_outputs(sweep, out_dir or os.path.join(workdir, "ptq"), title=title)
+    paths = write_ptq_outputs(sweep, out_dir, title=title)
     return sweep, paths
