@@ -61,7 +61,8 @@ def check_writable_directory(path: str, flag: str) -> None:
 @dataclasses.dataclass(frozen=True)
 class Range:
     """Where a numeric input may lie: a finite number within `minimum` and `maximum` (None: no
-    bound on that side); `open_maximum` leaves `maximum` itself out, as in [0, 1)."""
+    bound on that side); `open_minimum` / `open_maximum` leave the bound itself out, as in
+    (0, inf) or [0, 1)."""
 
     minimum: Optional[float] = None
     maximum: Optional[float] = None

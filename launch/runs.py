@@ -9,7 +9,7 @@ import shutil
 from typing import Any, Mapping, Optional
 
 import qrl
-from launch.common import check_writable_directory, require_workdir
+from launch.common import AT_LEAST_1, check_ranges, check_writable_directory, require_workdir
 from qrl import envs, io, runtime
 from qrl.checkpointing import Checkpointer
 from qrl.envs.ids import split_env_id
@@ -155,10 +155,8 @@ def ptq_run(
     """Restores the run in `workdir`, sweeps `precisions` and writes results.json, report.md and
     sweetspot.png into `out_dir` (default WORKDIR/ptq). Returns (sweep, output paths)."""
     parsed = parse_precisions(precisions, activations)
-    for name, value in (("episodes", episodes), ("calibration_steps", calibration_steps),
-                        ("divergence_steps", divergence_steps)):
-        if value < 1:
-            raise QrlInputError(f"{name} must be >= 1, got {value}")
+    check_ranges([("episodes", episodes, AT_LEAST_1), ("calibration_steps", calibration_steps, AT_LEAST_1),
+                  ("divergence_steps", divergence_steps, AT_LEAST_1), ("max_steps", max_steps, AT_LEAST_1)])
     out_dir = out_dir or os.path.join(workdir, "ptq")
     check_writable_directory(out_dir, "the PTQ output directory")
     runtime.configure_jax()

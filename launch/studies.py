@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
-from launch import runs
+from launch import common, runs
 from qrl import envs, io
 from qrl.config import QAT_MAX_BITS, QAT_MIN_BITS
 from qrl.errors import QrlInputError
@@ -147,10 +147,8 @@ def plan_cells(
     """
     from agents import get_agent
 
-    if not 0.0 <= quant_delay_fraction < 1.0:
-        raise QrlInputError(f"--quant_delay_fraction must be in [0, 1), got {quant_delay_fraction}")
-    if steps is not None and steps < 1:
-        raise QrlInputError(f"--steps must be >= 1, got {steps}")
+    common.check_ranges([("--quant_delay_fraction", quant_delay_fraction, common.FRACTION_BELOW_1),
+                         ("--steps", steps, common.AT_LEAST_1)])
     cells = []
     for agent_name in agent_names:
         agent = get_agent(agent_name)
@@ -259,8 +257,7 @@ def run_study(
     `study_report.write_study_outputs` wrote.
     """
     parse_precisions(precisions, "static")
-    if episodes < 1:
-        raise QrlInputError(f"--episodes must be >= 1, got {episodes}")
+    common.check_ranges([("--episodes", episodes, common.AT_LEAST_1)])
     overrides = overrides or {}
     cells = plan_cells(agent_names, env_ids, seeds, qat_bits, steps, quant_delay_fraction, overrides,
                        skip_incompatible, log, num_envs)

@@ -26,7 +26,9 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma",), "td3")
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "td3")
     qrl_config.check_qat_fields(config, "td3")
-    qrl_config.check_minimum(config, ("learning_starts", "exploration_noise", "target_policy_noise", "target_noise_clip"), "td3")
+    qrl_config.check_minimum(
+        config, ("learning_starts", "exploration_noise", "target_policy_noise", "target_noise_clip"), "td3",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
