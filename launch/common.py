@@ -35,17 +35,21 @@ def run_entry_point(run: Callable[[], Any]) -> None:
     app.run(main, flags_parser=_parse_flags_or_fail)
 
 
-def require_workdir(workdir: Optional[str], flag: str = "--workdir") -> str:
-    """`workdir`, given and a place a run can write (`check_writable_directory`)."""
+def require_workdir(workdir: Optional[str], flag: str = "--workdir", writable: bool = True) -> str:
+    """`workdir`, given, neither a file nor under one, and, when `writable`, a place this process
+    can write (a run directory that is only read, as PTQ reads its run, need not be)."""
     if not workdir:
         raise QrlInputError(f"{flag} is required")
-    check_writable_directory(workdir, flag)
+    if writable:
+        check_writable_directory(workdir, flag)
+    else:
+        check_directory_path(workdir, flag)
     return workdir
 
 
-def check_writable_directory(path: str, flag: str) -> None:
+def check_directory_path(path: str, flag: str) -> str:
     """`path` is a directory or can become one: it is not a file, and its nearest existing
-    ancestor is a directory this process may create entries in."""
+    ancestor, which this returns, is a directory."""
     absolute = os.path.abspath(path)
     if os.path.lexists(absolute) and not os.path.isdir(absolute):
         raise QrlInputError(f"{flag} {path} exists and is not a directory")
@@ -54,6 +58,13 @@ def check_writable_directory(path: str, flag: str) -> None:
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
         raise QrlInputError(f"{flag} {path} lies under {ancestor}, which is not a directory")
+    return ancestor
+
+
+def check_writable_directory(path: str, flag: str) -> None:
+    """`path` is a directory or can become one (`check_directory_path`), and its nearest existing
+    ancestor is a directory this process may create entries in."""
+    ancestor = check_directory_path(path, flag)
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise QrlInputError(f"{flag} {path}: directory {ancestor} is not writable")
 

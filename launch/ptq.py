@@ -34,7 +34,7 @@ FLAG_RANGES = {
 
 
 def run() -> None:
-    workdir = common.require_workdir(FLAGS.workdir)
+    workdir = common.require_workdir(FLAGS.workdir, writable=False)
     common.check_flag_ranges(FLAG_RANGES)
     _, paths = runs.ptq_run(
         workdir, FLAGS.precisions, FLAGS.episodes, seed=FLAGS.seed,

@@ -54,7 +54,7 @@ def restore_run(workdir: str) -> RestoredRun:
     """Reads `config.json` and restores the latest checkpoint of a `launch.train` run."""
     from agents import get_agent
 
-    require_workdir(workdir)
+    require_workdir(workdir, writable=False)
     if not os.path.isdir(workdir):
         raise QrlInputError(f"workdir {workdir} does not exist")
     config_path = os.path.join(workdir, CONFIG_FILE)
