@@ -44,8 +44,12 @@ def _plot_learning_curve(results: dict, path: str) -> None:
     io.save_figure(figure, path)
 
 
+FLAG_RANGES = {"steps": common.AT_LEAST_1, "seed": common.AT_LEAST_0, "episodes": common.AT_LEAST_1}
+
+
 def run() -> None:
-    workdir = FLAGS.workdir
+    workdir = common.require_workdir(FLAGS.workdir)
+    common.check_flag_ranges(FLAG_RANGES)
     parse_precisions(FLAGS.precisions, "static")  # bad precisions fail before training writes anything
     print(f"Training DQN on {FLAGS.env} for {FLAGS.steps} steps (fp32) ...", flush=True)
     results = runs.train_run(

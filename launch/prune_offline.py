@@ -42,10 +42,18 @@ flags.DEFINE_bool("overwrite", False, "Replace a run already in --workdir.")
 flags.DEFINE_bool("progress", True, "Show a progress bar (periodic summaries when not on a terminal).")
 
 
+FLAG_RANGES = {
+    "sparsity": common.FRACTION_BELOW_1, "temperature": common.POSITIVE, "prune_batches": common.AT_LEAST_1,
+    "prune_batch_size": common.AT_LEAST_1, "min_kept_per_layer": common.AT_LEAST_0, "steps": common.AT_LEAST_1,
+    "seed": common.AT_LEAST_0, "eval_every": common.AT_LEAST_0, "eval_episodes": common.AT_LEAST_1,
+}
+
+
 def run() -> None:
     if not FLAGS.dataset:
         raise QrlInputError("--dataset is required")
     workdir = common.require_workdir(FLAGS.workdir)
+    common.check_flag_ranges(FLAG_RANGES)
     settings = PruneSettings(
         sparsity=FLAGS.sparsity, scope=FLAGS.scope, temperature=FLAGS.temperature,
         include_biases=FLAGS.include_biases, exclude=tuple(FLAGS.exclude_layers),

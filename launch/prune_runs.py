@@ -21,7 +21,7 @@ from flax import serialization
 
 import qrl
 from pruning import PruneSettings, check_mask, kept_fraction, layer_kept_fractions, mask_from_arrays, mask_to_arrays
-from pruning import prune_networks, sparse, subtree_at
+from pruning import check_separate_paths, prune_networks, sparse, subtree_at
 from qrl import io, offline, runtime, workdirs
 from qrl.datasets import d4rl, files, from_qlearning, normalize_observations, sample
 from qrl.errors import QrlInputError
@@ -109,14 +109,35 @@ def _all_kept(params) -> Any:
     return jax.tree_util.tree_map_with_path(flag, params)
 
 
-def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, progress: bool = True,
-                      printer=print) -> dict:
-    """Prunes, trains and accounts one run into `workdir`; returns its results dict."""
+@dataclasses.dataclass(frozen=True)
+class PreparedRun:
+    """A `PruneRun` read and checked, nothing written: its algorithm, config (with what the
+    dataset and budget fill in), dataset, environment and its specs, reference returns, and the
+    networks at initialization the pruner scores."""
+
+    algo: Any
+    config: Any
+    dataset: Any
+    env_id: str
+    observation_spec: Any
+    action_spec: Any
+    reference: Optional[tuple[float, float]]
+    reference_source: Optional[str]
+    scored_state: Any
+    networks: dict
+
+
+def prepare_run(run: PruneRun) -> PreparedRun:
+    """Reads and checks everything `run` needs (settings, algorithm, config overrides, budget,
+    dataset against its environment, separate sub-network paths) without writing anything."""
     from agents import OFFLINE_AGENT_NAMES, get_offline_agent
 
     run.settings.check(run.pruner)
     if run.algo not in OFFLINE_AGENT_NAMES:
         raise QrlInputError(f"unknown offline algorithm {run.algo!r}; known: {', '.join(OFFLINE_AGENT_NAMES)}")
+    offline.check_count("steps", run.steps)
+    offline.check_count("eval_every", run.eval_every, minimum=0)
+    offline.check_count("eval_episodes", run.eval_episodes)
     algo = get_offline_agent(run.algo)
     config = algo.config_for(dict(run.overrides))
     arrays = files.read_steps(run.dataset)
@@ -131,14 +152,25 @@ def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, prog
     dataset = from_qlearning(d4rl.qlearning_arrays(arrays))
     observation_spec, action_spec = offline.env_specs(env_id)
     offline.check_dataset_matches_env(dataset, observation_spec, action_spec, env_id)
-    bounds = action_bounds(action_spec)
-    observation_size = int(observation_spec.shape[-1])
     if hasattr(algo, "config_for_run"):  # what the dataset and budget fill in (IQL's reward scale, schedule)
         config = algo.config_for_run(config, dataset, run.steps)
-
     dense = algo.build(config, observation_spec, action_spec)
     scored_state = dense.init(jax.random.PRNGKey(run.seed + (1 if run.score_separate_init else 0)))
     networks = algo.learning.networks_at_init(scored_state)
+    check_separate_paths(run.settings.separate, networks)
+    return PreparedRun(algo, config, dataset, env_id, observation_spec, action_spec, reference, reference_source,
+                       scored_state, networks)
+
+
+def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, progress: bool = True,
+                      printer=print) -> dict:
+    """Prunes, trains and accounts one run into `workdir`; returns its results dict."""
+    prepared = prepare_run(run)
+    algo, config, dataset, env_id = prepared.algo, prepared.config, prepared.dataset, prepared.env_id
+    reference, reference_source = prepared.reference, prepared.reference_source
+    bounds = action_bounds(prepared.action_spec)
+    observation_size = int(prepared.observation_spec.shape[-1])
+    networks = prepared.networks
     if run.masks_from:
         masks = load_masks(run.masks_from, networks)
     else:
@@ -146,8 +178,8 @@ def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, prog
                                   bool(getattr(config, "normalize_observations", False)))
         synflow = getattr(algo.learning, "synflow_inputs", None)
         masks = prune_networks(
-            run.pruner, networks, algo.learning.scoring_losses(config, bounds, scored_state), batches, run.settings,
-            key=jax.random.PRNGKey(run.seed + 2),
+            run.pruner, networks, algo.learning.scoring_losses(config, bounds, prepared.scored_state), batches,
+            run.settings, key=jax.random.PRNGKey(run.seed + 2),
             synflow_inputs=synflow(config, bounds, observation_size) if synflow else None,
         )
     workdirs.claim(workdir, "prune_offline", overwrite)

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Optional, Sequence
 from absl import flags
 
 from launch import common, studies
-from launch.prune_runs import MASKS_FILE, RESULTS_FILE, PruneRun, read_masks, run_prune_offline
+from launch.prune_runs import MASKS_FILE, RESULTS_FILE, PruneRun, prepare_run, read_masks, run_prune_offline
 from pruning import PruneSettings, check_pruner, check_sparsity
 from pruning import study_report
 from qrl import io, workdirs
@@ -144,10 +144,11 @@ def make_options(
     seed_list = studies.parse_ints(seeds, "seeds")
     if not seed_list:
         raise QrlInputError("--seeds is empty")
-    for name, value, minimum in (("steps", steps, 1), ("eval_every", eval_every, 0), ("eval_episodes", eval_episodes, 1),
-                                 ("prune_batches", prune_batches, 1), ("prune_batch_size", prune_batch_size, 1)):
-        if value < minimum:
-            raise QrlInputError(f"--{name} must be >= {minimum}, got {value}")
+    common.check_ranges([
+        ("--steps", steps, common.AT_LEAST_1), ("--eval_every", eval_every, common.AT_LEAST_0),
+        ("--eval_episodes", eval_episodes, common.AT_LEAST_1), ("--prune_batches", prune_batches, common.AT_LEAST_1),
+        ("--prune_batch_size", prune_batch_size, common.AT_LEAST_1),
+    ])
     for pruner in pruner_list:
         PruneSettings(sparsity=max(sparsity_list), scope=scope, separate=tuple(separate)).check(pruner)
     overrides = studies.split_agent_overrides(sets, algo_list)
@@ -175,6 +176,20 @@ def plan_cells(options: StudyOptions) -> list[Cell]:
     if not cells:
         raise QrlInputError("the study has no cells: give a nonzero sparsity for the pruners, or sparsity 0 for dense")
     return cells
+
+
+def check_tasks(options: StudyOptions, cells: Sequence[Cell]) -> None:
+    """Reads each dataset with each algorithm as its cells will (`prepare_run`: the dataset's
+    environment and shapes, the config with what the dataset fills in, the separate sub-network
+    paths), so that bad input stops the study before it writes anything."""
+    checked = set()
+    for cell in cells:
+        if (cell.dataset, cell.algo) not in checked:
+            checked.add((cell.dataset, cell.algo))
+            try:
+                prepare_run(cell_run(cell, options))
+            except QrlInputError as error:
+                raise QrlInputError(f"{cell.task} {cell.algo}: {error}") from None
 
 
 def cell_run(cell: Cell, options: StudyOptions) -> PruneRun:
@@ -229,6 +244,7 @@ def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progres
     Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels]}.
     """
     cells = plan_cells(options)
+    check_tasks(options, cells)
     os.makedirs(options.workdir, exist_ok=True)
     io.atomic_write_json(os.path.join(options.workdir, "study.json"),
                          {**dataclasses.asdict(options), "cells": [dataclasses.asdict(cell) for cell in cells]})

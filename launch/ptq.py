@@ -31,9 +31,17 @@ flags.DEFINE_integer("step", None,
                      "needed for an unfinished run).")
 
 
+FLAG_RANGES = {
+    "episodes": common.AT_LEAST_1, "seed": common.AT_LEAST_0, "calibration_steps": common.AT_LEAST_1,
+    "divergence_steps": common.AT_LEAST_1, "max_steps": common.AT_LEAST_1,
+}
+
+
 def run() -> None:
+    workdir = common.require_workdir(FLAGS.workdir, writable=False)
+    common.check_flag_ranges(FLAG_RANGES)
     _, paths = runs.ptq_run(
-        common.require_workdir(FLAGS.workdir), FLAGS.precisions, FLAGS.episodes, seed=FLAGS.seed,
+        workdir, FLAGS.precisions, FLAGS.episodes, seed=FLAGS.seed,
         activations=FLAGS.activations, calibration_steps=FLAGS.calibration_steps,
         divergence_steps=FLAGS.divergence_steps, out_dir=FLAGS.out, max_steps=FLAGS.max_steps,
         step=FLAGS.step,

@@ -15,7 +15,6 @@ finished cells; an interrupted training run starts again.
 from absl import flags
 
 from launch import common, studies
-from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Study directory (required).")
@@ -35,22 +34,25 @@ flags.DEFINE_integer("probe_steps", 2048, "fp32 rollout states for calibrating s
 flags.DEFINE_integer("eval_max_steps", None, "Cut evaluation episodes after this many steps (default: no cut).")
 
 
+FLAG_RANGES = {
+    "quant_delay_fraction": common.FRACTION_BELOW_1, "steps": common.AT_LEAST_1, "episodes": common.AT_LEAST_1,
+    "num_envs": common.AT_LEAST_1, "probe_steps": common.AT_LEAST_1, "eval_max_steps": common.AT_LEAST_1,
+}
+
+
 def run() -> None:
+    workdir = common.require_workdir(FLAGS.workdir)
+    common.check_flag_ranges(FLAG_RANGES)
     agents = studies.parse_list(FLAGS.agents, "agents")
-    train_args = [f"--num_envs={FLAGS.num_envs}"] if FLAGS.num_envs else []
-    if FLAGS.probe_steps < 1:
-        raise QrlInputError(f"--probe_steps must be >= 1, got {FLAGS.probe_steps}")
     eval_args = [f"--calibration_steps={FLAGS.probe_steps}", f"--divergence_steps={FLAGS.probe_steps}"]
     if FLAGS.eval_max_steps is not None:
-        if FLAGS.eval_max_steps < 1:
-            raise QrlInputError(f"--eval_max_steps must be >= 1, got {FLAGS.eval_max_steps}")
         eval_args.append(f"--max_steps={FLAGS.eval_max_steps}")
     paths = studies.run_study(
-        common.require_workdir(FLAGS.workdir), agents, studies.parse_list(FLAGS.envs, "envs"),
+        workdir, agents, studies.parse_list(FLAGS.envs, "envs"),
         studies.parse_ints(FLAGS.seeds, "seeds"), FLAGS.precisions, studies.parse_qat_bits(FLAGS.qat_bits),
         episodes=FLAGS.episodes, steps=FLAGS.steps, quant_delay_fraction=FLAGS.quant_delay_fraction,
         overrides=studies.split_agent_overrides(FLAGS.set, agents), skip_incompatible=FLAGS.skip_incompatible,
-        train_args=train_args, eval_args=eval_args,
+        eval_args=eval_args, num_envs=FLAGS.num_envs,
     )
     print(f"QuaRL study report: {paths['report.md']}")
 

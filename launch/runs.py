@@ -8,7 +8,7 @@ import os
 from typing import Any, Collection, Mapping, Optional
 
 import qrl
-from launch.common import require_workdir
+from launch.common import AT_LEAST_1, check_ranges, check_writable_directory, require_workdir
 from qrl import envs, io, runtime, workdirs
 from qrl.checkpointing import Checkpointer
 from qrl.envs.ids import split_env_id
@@ -56,7 +56,7 @@ def restore_run(workdir: str, step: Optional[int] = None, require_finished: bool
     """
     from agents import get_agent
 
-    require_workdir(workdir)
+    require_workdir(workdir, writable=False)
     if not os.path.isdir(workdir):
         raise QrlInputError(f"workdir {workdir} does not exist")
     config_path = os.path.join(workdir, CONFIG_FILE)
@@ -67,9 +67,10 @@ def restore_run(workdir: str, step: Optional[int] = None, require_finished: bool
         agent = get_agent(run_config["agent"])
         config = agent.Config.from_dict(run_config["agent_config"])
         env_id = run_config["env"]
-    except (KeyError, TypeError) as error:
+        env_options = dict(run_config.get("env_options", {}))
+    except (KeyError, TypeError, AttributeError) as error:
         raise QrlInputError(f"{config_path} is missing or has a malformed field: {error}") from None
-    env = envs.make(env_id, seed=0, **run_config.get("env_options", {}))
+    env = envs.make(env_id, seed=0, **env_options)
     observation_spec, action_spec = env.observation_spec(), env.action_spec()
     env.close()
     template = agent.init_state(config, observation_spec, action_spec)
@@ -86,6 +87,16 @@ def restore_run(workdir: str, step: Optional[int] = None, require_finished: bool
                 )
             step, state = checkpointer.restore_newest_intact(template)
     return RestoredRun(workdir, run_config, agent, config, state, observation_spec, action_spec, int(step), finished)
+
+
+def check_run_config(config: Any, steps: int, num_envs: Optional[int] = None) -> None:
+    """What a training run of `steps` environment steps on `num_envs` environments (None: the
+    agent's) asks of an agent config beyond its own ranges: a QAT delay shorter than the run,
+    and, for agents whose config sizes the rollout, the agent's checks of that rollout."""
+    if config.qat_bits:
+        check_quant_delay(config.quant_delay, steps)
+    if num_envs is not None and hasattr(config, "num_envs"):
+        config.override({"num_envs": num_envs})
 
 
 def train_run(
@@ -134,8 +145,7 @@ def train_run(
         runtime.configure_jax(xla_threads)
     env.close()
     config = agent.config_for(env_id, overrides or {})
-    if config.qat_bits:
-        check_quant_delay(config.quant_delay, steps)
+    check_run_config(config, steps, train_options.get("num_envs"))
     run_config = {
         "agent": agent_name,
         "env": env_id,
@@ -241,10 +251,10 @@ def ptq_run(
     unfinished one is refused: its newest checkpoint is not the trained policy). The results
     record the step evaluated and whether the run was finished."""
     parsed = parse_precisions(precisions, activations)
-    for name, value in (("episodes", episodes), ("calibration_steps", calibration_steps),
-                        ("divergence_steps", divergence_steps)):
-        if value < 1:
-            raise QrlInputError(f"{name} must be >= 1, got {value}")
+    check_ranges([("episodes", episodes, AT_LEAST_1), ("calibration_steps", calibration_steps, AT_LEAST_1),
+                  ("divergence_steps", divergence_steps, AT_LEAST_1), ("max_steps", max_steps, AT_LEAST_1)])
+    out_dir = out_dir or os.path.join(workdir, "ptq")
+    check_writable_directory(out_dir, "the PTQ output directory")
     runtime.configure_jax()
     restored = restore_run(workdir, step=step, require_finished=True)
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)
@@ -258,5 +268,5 @@ def ptq_run(
         "checkpoint_step": restored.step, "run_finished": restored.finished,
     }
     title = f"{restored.run_config['agent']} on {restored.env_id}"
-    paths = write_ptq_outputs(sweep, out_dir or os.path.join(workdir, "ptq"), title=title)
+    paths = write_ptq_outputs(sweep, out_dir, title=title)
     return sweep, paths

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Callable, Mapping, Optional, Sequence
 
-from launch import runs
+from launch import common, runs
 from qrl import envs, io, workdirs
 from qrl.config import QAT_MAX_BITS, QAT_MIN_BITS
 from qrl.errors import QrlInputError
@@ -135,18 +135,19 @@ def plan_cells(
     overrides: Mapping[str, Mapping[str, str]],
     skip_incompatible: bool = False,
     log: Callable[[str], None] = print,
+    num_envs: Optional[int] = None,
 ) -> list[Cell]:
     """The study's cells; every agent × environment pair is checked before anything runs.
 
     A pair the agent cannot run (DQN on continuous actions) is an input error, or skipped with
-    `skip_incompatible`. Agent configs (presets + `overrides`) are built and validated here too.
+    `skip_incompatible`. Agent configs (presets + `overrides`, with each QAT variant's bits and
+    delay, on `num_envs` environments when given) are built and checked here too, as
+    `launch.train` checks them.
     """
     from agents import get_agent
 
-    if not 0.0 <= quant_delay_fraction < 1.0:
-        raise QrlInputError(f"--quant_delay_fraction must be in [0, 1), got {quant_delay_fraction}")
-    if steps is not None and steps < 1:
-        raise QrlInputError(f"--steps must be >= 1, got {steps}")
+    common.check_ranges([("--quant_delay_fraction", quant_delay_fraction, common.FRACTION_BELOW_1),
+                         ("--steps", steps, common.AT_LEAST_1)])
     cells = []
     for agent_name in agent_names:
         agent = get_agent(agent_name)
@@ -161,12 +162,16 @@ def plan_cells(
                 continue
             finally:
                 env.close()
-            agent.config_for(env_id, overrides.get(agent_name, {}))  # validates the overrides.
+            config = agent.config_for(env_id, overrides.get(agent_name, {}))
             budget = steps if steps is not None else DEFAULT_STEPS.get((agent_name, env_id), FALLBACK_STEPS)
+            quant_delay = int(quant_delay_fraction * budget)
+            variants = [config] + [config.override({"qat_bits": bits, "quant_delay": quant_delay}) for bits in qat_bits]
+            for variant in variants:
+                runs.check_run_config(variant, budget, num_envs)
             for seed in seeds:
                 cells.append(Cell(agent_name, env_id, seed, budget))
                 for bits in qat_bits:
-                    cells.append(Cell(agent_name, env_id, seed, budget, bits, int(quant_delay_fraction * budget)))
+                    cells.append(Cell(agent_name, env_id, seed, budget, bits, quant_delay))
     if not cells:
         raise QrlInputError("the study has no cells: every algorithm/environment pair was skipped")
     return cells
@@ -241,18 +246,21 @@ def run_study(
     train_args: Sequence[str] = (),
     eval_args: Sequence[str] = (),
     log: Callable[[str], None] = print,
+    num_envs: Optional[int] = None,
 ) -> dict:
     """Runs every cell that is not done yet, then writes the study's results and report.
 
-    `train_args` / `eval_args` are extra flags for `launch.train` / `launch.ptq`. Returns the
-    paths `study_report.write_study_outputs` wrote.
+    `num_envs` (None: each agent's) sizes every training run; `train_args` / `eval_args` are
+    extra flags for `launch.train` / `launch.ptq`. Returns the paths
+    `study_report.write_study_outputs` wrote.
     """
     parse_precisions(precisions, "static")
-    if episodes < 1:
-        raise QrlInputError(f"--episodes must be >= 1, got {episodes}")
+    common.check_ranges([("--episodes", episodes, common.AT_LEAST_1)])
     overrides = overrides or {}
     cells = plan_cells(agent_names, env_ids, seeds, qat_bits, steps, quant_delay_fraction, overrides,
-                       skip_incompatible, log)
+                       skip_incompatible, log, num_envs)
+    if num_envs is not None:
+        train_args = [f"--num_envs={num_envs}", *train_args]
     os.makedirs(study_dir, exist_ok=True)
     plan = {
         "agents": list(agent_names), "envs": list(env_ids), "seeds": list(seeds), "precisions": precisions,

@@ -57,7 +57,16 @@ flags.DEFINE_integer("xla_threads", None,
 flags.DEFINE_bool("progress", True, "Show a progress bar (periodic one-line summaries when not on a terminal).")
 
 
+FLAG_RANGES = {
+    "steps": common.AT_LEAST_1, "seed": common.AT_LEAST_0, "num_envs": common.AT_LEAST_1,
+    "eval_episodes": common.AT_LEAST_1, "eval_every": common.AT_LEAST_0, "checkpoint_every": common.AT_LEAST_0,
+    "quant_delay": common.AT_LEAST_0, "xla_threads": common.AT_LEAST_0,
+}
+
+
 def run() -> None:
+    workdir = common.require_workdir(FLAGS.workdir)
+    common.check_flag_ranges(FLAG_RANGES)
     overrides = common.parse_overrides(FLAGS.set)
     train_options = {}
     if FLAGS.qat_bits is not None:
@@ -69,7 +78,7 @@ def run() -> None:
     if FLAGS.num_envs is not None:
         train_options["num_envs"] = FLAGS.num_envs
     results = runs.train_run(
-        FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, common.require_workdir(FLAGS.workdir),
+        FLAGS.agent, FLAGS.env, FLAGS.steps, FLAGS.seed, workdir,
         overrides=overrides, overwrite=FLAGS.overwrite, resume=FLAGS.resume, xla_threads=FLAGS.xla_threads,
         eval_episodes=FLAGS.eval_episodes, eval_every=FLAGS.eval_every, checkpoint_every=FLAGS.checkpoint_every,
         progress=FLAGS.progress, **train_options,

@@ -20,7 +20,7 @@ A mask is a pytree shaped like the params: a bool array (True = kept) on each pr
     optimizer = masked(optax.adam(1e-3), mask)
 """
 
-from pruning.single_shot import PruneSettings, prune_networks, subtree_at
+from pruning.single_shot import PruneSettings, check_separate_paths, prune_networks, subtree_at
 from pruning.masked_optax import mask_from_arrays, mask_to_arrays, masked, polyak_masked
 from pruning.masks import (
     KEEP,
@@ -59,6 +59,7 @@ from pruning.scorers import (
 
 __all__ = [
     "PruneSettings",
+    "check_separate_paths",
     "prune_networks",
     "subtree_at",
     "DISTRIBUTIONS",

@@ -16,11 +16,13 @@ SNIP scores ~20x the decoder's, and one threshold empties the decoder).
 """
 
 import dataclasses
+import math
+import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
 
-from pruning.masks import check_pruner, check_sparsity, masks_from_scores
+from pruning.masks import check_min_kept_per_layer, check_pruner, check_sparsity, masks_from_scores
 from pruning.scorers import (
     DISTRIBUTIONS,
     grasp_scores,
@@ -61,6 +63,13 @@ class PruneSettings:
     def check(self, pruner: str) -> None:
         check_pruner(pruner)
         check_sparsity(self.sparsity)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real) or not (
+                math.isfinite(self.temperature) and self.temperature > 0):
+            raise QrlInputError(f"temperature must be a finite number > 0, got {self.temperature}")
+        check_min_kept_per_layer(self.min_kept_per_layer)
+        if isinstance(self.synflow_iterations, bool) or not isinstance(self.synflow_iterations, numbers.Integral) \
+                or self.synflow_iterations < 1:
+            raise QrlInputError(f"synflow_iterations must be an integer >= 1, got {self.synflow_iterations}")
         if self.scope not in ("network", "layer", "global"):
             raise QrlInputError(f"unknown pruning scope {self.scope!r}; known: network, layer, global")
         if self.scope == "global" and pruner in ("synflow", "random"):
@@ -135,6 +144,11 @@ def prune_networks(
         return masks_from_scores(scores, settings.sparsity, scope="global", keep=keep, **mask_options)
     return {name: _network_masks(network_scores, groups[name], settings, keep, mask_options)
             for name, network_scores in scores.items()}
+
+
+def check_separate_paths(paths: Sequence[str], networks: Mapping[str, Any]) -> None:
+    """Each `PruneSettings.separate` path names a network of `networks` and a sub-tree of it."""
+    _separate_groups(paths, networks)
 
 
 def _separate_groups(paths: Sequence[str], networks: Mapping[str, Any]) -> dict[str, list[tuple[str, ...]]]:

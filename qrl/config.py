@@ -6,6 +6,7 @@ live here.
 """
 
 import dataclasses
+import math
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, TypeVar
 
 from qrl import runtime
@@ -53,9 +54,27 @@ def override(config: ConfigT, values: Mapping[str, Any], agent_name: str) -> Con
         default = getattr(config, name)
         try:
             changes[name] = _convert(default, value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise QrlInputError(f"{label} config {name}={value!r} is not a valid {type(default).__name__}") from None
+        check_field_value(name, changes[name], agent_name)
     return dataclasses.replace(config, **changes)
+
+
+def check_field_value(name: str, value: Any, agent_name: str) -> None:
+    """What every config field of every agent obeys: floats are finite, tuples (layer widths)
+    hold at least one size and every size is >= 1."""
+    label = agent_name.upper()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise QrlInputError(f"{label} config {name} must be a finite number, got {value}")
+    if isinstance(value, tuple) and (not value or min(value) < 1):
+        raise QrlInputError(f"{label} config {name} must be positive layer widths, got {value}")
+
+
+def check_minimum(config: Any, names: Iterable[str], agent_name: str, minimum: float = 0) -> None:
+    """Each named field must be >= `minimum`."""
+    for name in names:
+        if getattr(config, name) < minimum:
+            raise QrlInputError(f"{agent_name.upper()} config {name} must be >= {minimum}, got {getattr(config, name)}")
 
 
 def check_positive(config: Any, names: Iterable[str], agent_name: str) -> None:
@@ -121,8 +140,11 @@ class ConfigMethods:
         return cls().override(values)
 
     def override(self: ConfigT, values: Mapping[str, Any]) -> ConfigT:
-        """`self` with `values` applied (names and types checked), then validated."""
+        """`self` with `values` applied (names and types checked), then validated: every field by
+        `check_field_value`, then the agent's ranges by its `validate`."""
         config = override(self, values, self.agent_name)
+        for field in dataclasses.fields(config):
+            check_field_value(field.name, getattr(config, field.name), self.agent_name)
         self._validate(config)
         return config
 

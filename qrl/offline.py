@@ -66,7 +66,7 @@ def network_masks(agent: str, masks: Optional[dict], networks: tuple[str, ...]) 
     return {name: masks.get(name) for name in networks}
 
 
-def _check_count(name: str, value, minimum: int = 1) -> int:
+def check_count(name: str, value, minimum: int = 1) -> int:
     """`value` as an int >= `minimum`; anything else is a one-line input error."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
@@ -115,8 +115,8 @@ def make_fused_step(
     state's buffers are donated. With `normalize_observations` the sampled observations and next
     observations become `(x - mean) / std` with the dataset's statistics.
     """
-    batch_size = _check_count("batch_size", batch_size)
-    updates_per_call = _check_count("updates_per_call", updates_per_call)
+    batch_size = check_count("batch_size", batch_size)
+    updates_per_call = check_count("updates_per_call", updates_per_call)
 
     def fused(state, data: Dataset, key: jax.Array):
         batches = sample(data, key, batch_size, updates_per_call)
@@ -183,13 +183,13 @@ def train_offline(
     `config.to_dict()` as metadata when a config is given. `reference` = (random, expert) returns
     adds normalized scores. Timings exclude compilation (`compile_seconds`) and evaluation.
     """
-    steps = _check_count("steps", steps)
-    batch_size = _check_count("batch_size", batch_size)
-    updates_per_call = _check_count("updates_per_call", updates_per_call)
-    eval_episodes = _check_count("eval_episodes", eval_episodes)
-    eval_every = _check_count("eval_every", eval_every, minimum=0)
-    log_every = _check_count("log_every", log_every, minimum=0)
-    checkpoint_every = _check_count("checkpoint_every", checkpoint_every, minimum=0)
+    steps = check_count("steps", steps)
+    batch_size = check_count("batch_size", batch_size)
+    updates_per_call = check_count("updates_per_call", updates_per_call)
+    eval_episodes = check_count("eval_episodes", eval_episodes)
+    eval_every = check_count("eval_every", eval_every, minimum=0)
+    log_every = check_count("log_every", log_every, minimum=0)
+    checkpoint_every = check_count("checkpoint_every", checkpoint_every, minimum=0)
     if reference is not None:
         normalized_score(0.0, reference)  # rejects expert <= random before any training.
     env_options = dict(env_options or {})

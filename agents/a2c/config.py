@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl.errors import QrlInputError
 
 SCHEDULES = ("constant", "linear")
 ACTIVATIONS = ("tanh", "relu")
@@ -23,14 +22,10 @@ def validate(config: "Config") -> None:
     qrl_config.check_positive(
         config, ("num_envs", "num_steps", "learning_rate", "rmsprop_eps", "max_grad_norm"), "a2c",
     )
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise QrlInputError(f"A2C config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
     qrl_config.check_fraction(config, ("gamma", "gae_lambda", "rmsprop_decay"), "a2c")
     qrl_config.check_choice(config, "learning_rate_schedule", SCHEDULES, "a2c")
     qrl_config.check_choice(config, "activation", ACTIVATIONS, "a2c")
-    for name in ("ent_coef", "vf_coef"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"A2C config {name} must be >= 0, got {getattr(config, name)}")
+    qrl_config.check_minimum(config, ("ent_coef", "vf_coef"), "a2c")
     qrl_config.check_qat_fields(config, "a2c")
 
 

@@ -9,7 +9,6 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from qrl import config as qrl_config
-from qrl.errors import QrlInputError
 
 LOSSES = ("mse", "gaussian")
 LOG_STD_MIN = -5.0  # the Gaussian policy's state-dependent log-std range
@@ -20,8 +19,6 @@ def validate(config: "Config") -> None:
     """Rejects values that cannot train."""
     qrl_config.check_positive(config, ("learning_rate", "batch_size", "updates_per_call"), "bc")
     qrl_config.check_choice(config, "loss", LOSSES, "bc")
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise QrlInputError(f"BC config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
 
 
 @dataclasses.dataclass(frozen=True)

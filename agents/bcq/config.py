@@ -34,10 +34,6 @@ def validate(config: "Config") -> None:
         raise QrlInputError(f"BCQ config phi must be in [0, 1], got {config.phi}")
     if config.latent_size < 0:
         raise QrlInputError(f"BCQ config latent_size must be >= 0 (0: 2 * action size), got {config.latent_size}")
-    for name in ("vae_hidden_sizes", "actor_hidden_sizes", "critic_hidden_sizes"):
-        sizes = getattr(config, name)
-        if not sizes or min(sizes) < 1:
-            raise QrlInputError(f"BCQ config {name} must be positive layer widths, got {sizes}")
 
 
 @dataclasses.dataclass(frozen=True)

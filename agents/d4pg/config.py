@@ -26,9 +26,7 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma",), "d4pg")
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "d4pg")
     qrl_config.check_qat_fields(config, "d4pg")
-    for name in ("learning_starts", "exploration_noise", "dqda_clipping"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"D4PG config {name} must be >= 0, got {getattr(config, name)}")
+    qrl_config.check_minimum(config, ("learning_starts", "exploration_noise", "dqda_clipping"), "d4pg")
     if config.num_atoms < 2:
         raise QrlInputError(f"D4PG config num_atoms must be >= 2, got {config.num_atoms}")
     if not config.v_min < config.v_max:

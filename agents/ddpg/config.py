@@ -14,7 +14,6 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl.errors import QrlInputError
 
 
 def validate(config: "Config") -> None:
@@ -27,9 +26,7 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma",), "ddpg")
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "ddpg")
     qrl_config.check_qat_fields(config, "ddpg")
-    for name in ("learning_starts", "exploration_noise", "critic_l2"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"DDPG config {name} must be >= 0, got {getattr(config, name)}")
+    qrl_config.check_minimum(config, ("learning_starts", "exploration_noise", "critic_l2"), "ddpg")
 
 
 @dataclasses.dataclass(frozen=True)

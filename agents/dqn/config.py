@@ -18,8 +18,12 @@ LEARNING_RATE_SCHEDULES = ("constant", "linear")
 def validate(config: "Config") -> None:
     """Rejects values that cannot train."""
     qrl_config.check_positive(
-        config, ("learning_rate", "batch_size", "buffer_size", "train_freq", "gradient_steps",
-                 "target_update_period", "n_step"), "dqn",
+        config, ("learning_rate", "adam_eps", "max_grad_norm", "huber_delta", "batch_size", "buffer_size",
+                 "train_freq", "gradient_steps", "target_update_period", "n_step"), "dqn",
+    )
+    qrl_config.check_minimum(config, ("learning_starts",), "dqn")
+    qrl_config.check_fraction(
+        config, ("exploration_initial_eps", "exploration_final_eps", "exploration_fraction"), "dqn",
     )
     qrl_config.check_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES, "dqn")
     qrl_config.check_fraction(config, ("tau",), "dqn", low_open=True)

@@ -54,7 +54,7 @@ def train(dataset: Dataset, env_id: str, config: Config, steps: int, seed: int, 
     eval_episodes, reference, log_every, checkpoint_every, progress, env_options). Returns
     `(state, results)`. The config run (and saved with the checkpoints) is
     `config_for_run(config, dataset, steps)`."""
-    config = config_for_run(config, dataset, offline._check_count("steps", steps))
+    config = config_for_run(config, dataset, offline.check_count("steps", steps))
     return offline.train_agent(build, dataset, env_id, config, steps, seed, mask=mask, **options)
 
 

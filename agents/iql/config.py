@@ -31,12 +31,7 @@ def validate(config: "Config") -> None:
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "iql")
     if not 0.0 < config.expectile < 1.0:
         raise QrlInputError(f"IQL config expectile must be in (0, 1), got {config.expectile}")
-    if config.beta < 0.0:
-        raise QrlInputError(f"IQL config beta must be >= 0, got {config.beta}")
-    if config.actor_lr_decay_steps < 0:
-        raise QrlInputError(f"IQL config actor_lr_decay_steps must be >= 0, got {config.actor_lr_decay_steps}")
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise QrlInputError(f"IQL config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
+    qrl_config.check_minimum(config, ("beta", "actor_lr_decay_steps"), "iql")
 
 
 @dataclasses.dataclass(frozen=True)

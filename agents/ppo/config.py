@@ -24,15 +24,11 @@ def validate(config: "Config") -> None:
         config, ("num_envs", "num_steps", "batch_size", "num_epochs", "learning_rate", "adam_eps",
                  "max_grad_norm", "clip_range"), "ppo",
     )
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise QrlInputError(f"PPO config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
     qrl_config.check_fraction(config, ("gamma", "gae_lambda"), "ppo")
     qrl_config.check_choice(config, "learning_rate_schedule", SCHEDULES, "ppo")
     qrl_config.check_choice(config, "clip_range_schedule", SCHEDULES, "ppo")
     qrl_config.check_choice(config, "activation", ACTIVATIONS, "ppo")
-    for name in ("clip_range_vf", "ent_coef", "vf_coef"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"PPO config {name} must be >= 0, got {getattr(config, name)}")
+    qrl_config.check_minimum(config, ("clip_range_vf", "ent_coef", "vf_coef"), "ppo")
     if config.batch_size > config.rollout_size:
         raise QrlInputError(
             f"PPO config batch_size {config.batch_size} exceeds a rollout of num_steps x num_envs = "

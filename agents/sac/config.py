@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl.errors import QrlInputError
 
 
 def validate(config: "Config") -> None:
@@ -25,8 +24,7 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma",), "sac")
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "sac")
     qrl_config.check_qat_fields(config, "sac")
-    if config.learning_starts < 0:
-        raise QrlInputError(f"SAC config learning_starts must be >= 0, got {config.learning_starts}")
+    qrl_config.check_minimum(config, ("learning_starts",), "sac")
 
 
 @dataclasses.dataclass(frozen=True)

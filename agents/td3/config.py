@@ -14,7 +14,6 @@ import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
-from qrl.errors import QrlInputError
 
 
 def validate(config: "Config") -> None:
@@ -27,9 +26,9 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma",), "td3")
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "td3")
     qrl_config.check_qat_fields(config, "td3")
-    for name in ("learning_starts", "exploration_noise", "target_policy_noise", "target_noise_clip"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"TD3 config {name} must be >= 0, got {getattr(config, name)}")
+    qrl_config.check_minimum(
+        config, ("learning_starts", "exploration_noise", "target_policy_noise", "target_noise_clip"), "td3",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

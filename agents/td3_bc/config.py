@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from qrl import config as qrl_config
-from qrl.errors import QrlInputError
 
 
 def validate(config: "Config") -> None:
@@ -24,11 +23,7 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("tau",), "td3_bc", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "td3_bc")
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "td3_bc")
-    for name in ("target_policy_noise", "target_noise_clip"):
-        if getattr(config, name) < 0:
-            raise QrlInputError(f"TD3_BC config {name} must be >= 0, got {getattr(config, name)}")
-    if not config.hidden_sizes or min(config.hidden_sizes) < 1:
-        raise QrlInputError(f"TD3_BC config hidden_sizes must be positive layer widths, got {config.hidden_sizes}")
+    qrl_config.check_minimum(config, ("target_policy_noise", "target_noise_clip"), "td3_bc")
 
 
 @dataclasses.dataclass(frozen=True)
