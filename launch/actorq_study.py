@@ -201,9 +201,10 @@ def check_cells(options: StudyOptions) -> None:
     from agents.actorq import AgentFactory
     from qrl import envs
     from qrl.distributed.launching import check_reachable
-    from qrl.distributed.run import check_workdir_path, validate
+    from qrl import workdirs
+    from qrl.distributed.run import validate
 
-    check_workdir_path(options.workdir)
+    workdirs.check_path(options.workdir)
     configs = [cell_config(cell, options) for cell in plan_cells(options)]
     for config in configs:
         validate(config)

@@ -8,11 +8,12 @@ import os
 from typing import Any, Collection, Mapping, Optional
 
 import qrl
-from launch.common import AT_LEAST_1, check_ranges, check_writable_directory, require_workdir
+from launch.common import require_workdir
 from qrl import envs, io, runtime, workdirs
 from qrl.checkpointing import Checkpointer
 from qrl.envs.ids import split_env_id
 from qrl.errors import QrlInputError
+from qrl.ranges import AT_LEAST_1, check_ranges
 from qrl.quant import check_quant_delay, parse_precisions
 from qrl.quant.report import write_ptq_outputs
 from qrl.quant.sweep import run_sweep
@@ -254,7 +255,7 @@ def ptq_run(
     check_ranges([("episodes", episodes, AT_LEAST_1), ("calibration_steps", calibration_steps, AT_LEAST_1),
                   ("divergence_steps", divergence_steps, AT_LEAST_1), ("max_steps", max_steps, AT_LEAST_1)])
     out_dir = out_dir or os.path.join(workdir, "ptq")
-    check_writable_directory(out_dir, "the PTQ output directory")
+    workdirs.check_path(out_dir, "the PTQ output directory")
     runtime.configure_jax()
     restored = restore_run(workdir, step=step, require_finished=True)
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)

@@ -79,17 +79,23 @@ def claim(workdir: str, kind: str, overwrite: bool = False,
     write_marker(workdir, kind, outputs)
 
 
-def check_path(workdir: str) -> None:
-    """Refuses a workdir path that is a file or lies under one (before anything is written)."""
-    if not workdir:
-        raise QrlInputError("--workdir is required")
-    if os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise QrlInputError(f"workdir {workdir} is a file, not a directory")
-    parent = os.path.dirname(os.path.abspath(workdir))
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        raise QrlInputError(f"workdir {workdir} lies under {parent}, which is a file")
+def check_path(path: str, flag: str = "--workdir", writable: bool = True) -> str:
+    """Refuses, before anything is written, a directory path that is a file, lies under a file,
+    or (when `writable`) sits below a directory this process may not create entries in. Returns
+    the path's nearest existing ancestor (the path itself when it exists)."""
+    if not path:
+        raise QrlInputError(f"{flag} is required")
+    absolute = os.path.abspath(path)
+    if os.path.lexists(absolute) and not os.path.isdir(absolute):
+        raise QrlInputError(f"{flag} {path} exists and is not a directory")
+    ancestor = absolute
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise QrlInputError(f"{flag} {path} lies under {ancestor}, which is not a directory")
+    if writable and not os.access(ancestor, os.W_OK | os.X_OK):
+        raise QrlInputError(f"{flag} {path}: directory {ancestor} is not writable")
+    return ancestor
 
 
 def read_marker(workdir: str) -> Optional[dict]:

@@ -9,7 +9,6 @@ estimate; `qrl.distributed.report` reads it) and `breakdown.png`.
 """
 
 import dataclasses
-import math
 import os
 import time
 from typing import Any, Callable, Mapping, Optional
@@ -30,6 +29,7 @@ from qrl.distributed.rate_limiters import SampleToInsertRatio, default_error_buf
 from qrl.distributed.replay import ReplayServer
 from qrl.envs.ids import HOST_FAMILIES, check_seed, split_env_id
 from qrl.errors import QrlInputError
+from qrl.ranges import ANY_FINITE, AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, check_ranges
 from qrl.logging import MetricsLogger
 
 LAUNCHERS = ("inprocess", "ray")
@@ -108,9 +108,6 @@ def validate(config: ActorQConfig) -> None:
     if family not in HOST_FAMILIES:
         raise QrlInputError(f"ActorQ actors step host environments ({', '.join(HOST_FAMILIES)}); got {config.env}")
     check_seed(config.seed)
-    _check_range("num_actors", config.num_actors, 1, MAX_ACTORS)
-    for name in ("envs_per_actor", "actor_update_period", "publish_period", "insert_chunk", "eval_episodes"):
-        _check_range(name, getattr(config, name), 1)
     weights.check_precision(config.actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
     weights.check_precision(config.resolved_comm_precision, weights.COMM_PRECISIONS, "communication precision")
     if config.activation_scales not in ACTIVATION_SCALES:
@@ -123,50 +120,20 @@ def validate(config: ActorQConfig) -> None:
     stops = (config.max_learner_steps, config.max_actor_steps, config.max_seconds, config.target_return)
     if all(value is None for value in stops):
         raise QrlInputError("give a stop condition: --max_learner_steps, --max_actor_steps, --max_seconds or --target_return")
-    for name in ("max_learner_steps", "max_actor_steps", "min_replay_size", "replay_capacity", "max_eval_episode_steps"):
-        if getattr(config, name) is not None:
-            _check_range(name, getattr(config, name), 1)
-    for name in ("max_seconds", "samples_per_insert", "eval_every_seconds"):
-        if getattr(config, name) is not None:
-            _check_range(name, getattr(config, name), 0, exclusive_low=True)
-    if config.target_return is not None:
-        _check_range("target_return", config.target_return)
-    _check_range("checkpoint_every", config.checkpoint_every, 0)
-    _check_range("samples_per_insert_tolerance", config.samples_per_insert_tolerance, 0)
-    _check_range("priority_exponent", config.priority_exponent, 0)
-    _check_range("importance_exponent", config.importance_exponent, 0, 1)
-    for name in ("exploration_first", "exploration_last"):
-        if getattr(config, name) is not None:
-            _check_range(name, getattr(config, name), 0, exclusive_low=True)
-    for name in ("learner_cpus", "actor_cpus", "evaluator_cpus"):
-        _check_range(name, getattr(config, name), 0, MAX_CPUS_PER_NODE)
-
-
-def _check_range(name: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
-                 exclusive_low: bool = False) -> None:
-    """`--name` must be a finite number in `[low, high]` (`(low, high]` with `exclusive_low`)."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not is_number or not math.isfinite(value):
-        raise QrlInputError(f"--{name} must be a finite number, got {value!r}")
-    if low is not None and (value <= low if exclusive_low else value < low):
-        raise QrlInputError(f"--{name} must be {'>' if exclusive_low else '>='} {low}, got {value}")
-    if high is not None and value > high:
-        raise QrlInputError(f"--{name} must be <= {high}, got {value}")
-
-
-def check_workdir_path(workdir: str) -> None:
-    """A workdir must be a directory or creatable as one: not a file, not under a file, its
-    nearest existing ancestor writable. Read-only, so it runs before any Ray process starts."""
-    path = os.path.abspath(workdir)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise QrlInputError(f"--workdir {workdir} is a file, not a directory")
-    ancestor = path
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise QrlInputError(f"--workdir {workdir} lies under {ancestor}, which is a file")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise QrlInputError(f"--workdir {workdir} cannot be written: {ancestor} is not writable")
+    counts = ("envs_per_actor", "actor_update_period", "publish_period", "insert_chunk", "eval_episodes",
+              "max_learner_steps", "max_actor_steps", "min_replay_size", "replay_capacity", "max_eval_episode_steps")
+    rates = ("max_seconds", "samples_per_insert", "eval_every_seconds", "exploration_first", "exploration_last")
+    check_ranges([
+        ("--num_actors", config.num_actors, Range(minimum=1, maximum=MAX_ACTORS)),
+        *((f"--{name}", getattr(config, name), AT_LEAST_1) for name in counts),
+        *((f"--{name}", getattr(config, name), POSITIVE) for name in rates),
+        ("--target_return", config.target_return, ANY_FINITE),
+        *((f"--{name}", getattr(config, name), AT_LEAST_0)
+          for name in ("checkpoint_every", "samples_per_insert_tolerance", "priority_exponent")),
+        ("--importance_exponent", config.importance_exponent, Range(minimum=0, maximum=1)),
+        *((f"--{name}", getattr(config, name), Range(minimum=0, maximum=MAX_CPUS_PER_NODE))
+          for name in ("learner_cpus", "actor_cpus", "evaluator_cpus")),
+    ])
 
 
 def _env_specs(config: ActorQConfig):
@@ -320,7 +287,7 @@ def run_actorq(config: ActorQConfig, agent_factory: Callable[[Any, Any], Distrib
     """
     validate(config)
     if workdir:
-        check_workdir_path(workdir)
+        workdirs.check_path(workdir)
     factory = agent_factory
     specs = _env_specs(config)
     agent = factory(*specs)  # builds the agent here first: bad overrides fail before any node starts
