@@ -7,6 +7,7 @@ loads them (the file is opened read-only); `qlearning_arrays` is D4RL's `qlearni
 with its exact semantics; `episode_returns` splits the steps into episodes.
 """
 
+import contextlib
 import os
 from typing import Any, Optional
 
@@ -36,28 +37,54 @@ def _read_group(group) -> dict:
     return values
 
 
+@contextlib.contextmanager
+def hdf5_reading(path: str):
+    """Opens `path` read-only for the block; any error HDF5 raises inside it (open, key listing,
+    dataset or attribute reads) becomes one `QrlInputError` line naming the file. A damaged file
+    can fail anywhere in the library and with any exception type, so the block should hold
+    reads only; `QrlInputError`s raised in it pass through unchanged."""
+    import h5py
+
+    try:
+        handle = h5py.File(path, "r")
+    except Exception as error:
+        raise _fail(path, f"not an HDF5 file or a corrupt one ({_first_line(error)})") from None
+    try:
+        with handle:
+            yield handle
+    except QrlInputError:
+        raise
+    except Exception as error:
+        raise QrlInputError(f"corrupt HDF5 file {path}: {type(error).__name__}: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no details"
+
+
 def read_hdf5(path: str) -> dict[str, Any]:
     """Loads and validates a D4RL HDF5 file: a dict of the step arrays (flags as bool), plus
     `infos` and `metadata` dicts when present. Problems raise one `QrlInputError` line naming
-    the file: missing, not HDF5, a missing key, arrays of different lengths, no steps, NaN/inf,
-    wrong dtypes or ranks."""
+    the file: missing, not HDF5, damaged inside, a missing key, arrays of different lengths, no
+    steps, NaN/inf, wrong dtypes or ranks."""
     import h5py
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise _fail(path, "no such file")
-    try:
-        handle = h5py.File(path, "r")
-    except OSError:
-        raise _fail(path, "not an HDF5 file") from None
-    with handle:
+    with hdf5_reading(path) as handle:
         missing = [key for key in REQUIRED_KEYS if key not in handle]
         if missing:
             raise _fail(path, f"missing dataset key(s) {', '.join(missing)}; a D4RL file has "
                         f"{', '.join(REQUIRED_KEYS)}, timeouts and optionally next_observations")
-        arrays = {key: np.asarray(handle[key][()]) for key in (*REQUIRED_KEYS, "timeouts", "next_observations")
-                  if key in handle}
-        extras = {group: _read_group(handle[group]) for group in ("infos", "metadata") if group in handle}
+        keys = [key for key in (*REQUIRED_KEYS, "timeouts", "next_observations") if key in handle]
+        groups = [key for key in keys if not isinstance(handle[key], h5py.Dataset)]
+        if groups:
+            raise _fail(path, f"{', '.join(groups)} must be dataset(s), not groups")
+        arrays = {key: np.asarray(handle[key][()]) for key in keys}
+        extras = {group: _read_group(handle[group]) for group in ("infos", "metadata")
+                  if group in handle and isinstance(handle[group], h5py.Group)}
         extras["metadata"] = {**extras.get("metadata", {}), **{k: v for k, v in handle.attrs.items()}}
     _validate(path, arrays)
     for key in FLAG_KEYS:
