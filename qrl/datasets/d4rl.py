@@ -31,10 +31,65 @@ def _read_group(group) -> dict:
 
     values = {}
     for key, item in group.items():
-        values[key] = _read_group(item) if isinstance(item, h5py.Group) else item[()]
+        if isinstance(item, h5py.Group):
+            values[key] = _read_group(item)
+        else:
+            _check_global_heap(item)
+            values[key] = item[()]
     for key, value in group.attrs.items():
         values.setdefault(key, value)
     return values
+
+
+GLOBAL_HEAP_MIN_SIZE = 4096  # HDF5's smallest global heap collection (H5HG_MINSIZE)
+
+
+def _check_global_heap(dataset) -> None:
+    """Refuses a variable-length dataset whose global heap collections are damaged. HDF5 loops
+    forever decoding a collection whose free-space object has size 0 (zeroed bytes do that), so
+    the collections a contiguous dataset's elements point at are walked first, as HDF5 walks
+    them. (Chunked or compact variable-length datasets are read unchecked.)"""
+    import h5py
+
+    type_id = dataset.id.get_type()
+    variable = isinstance(type_id, h5py.h5t.TypeVlenID) or (
+        isinstance(type_id, h5py.h5t.TypeStringID) and type_id.is_variable_str())
+    offset = dataset.id.get_offset() if variable else None
+    if offset is None:
+        return
+    address_size, length_size = dataset.file.id.get_create_plist().get_sizes()
+    base = dataset.file.userblock_size
+    element = np.dtype([("length", "<u4"), ("collection", f"<u{address_size}"), ("index", "<u4")])
+    path = dataset.file.filename
+    with open(path, "rb") as raw:
+        raw.seek(base + offset)
+        stored = raw.read(dataset.id.get_storage_size())
+        elements = np.frombuffer(stored, dtype=element, count=len(stored) // element.itemsize)
+        for collection in np.unique(elements["collection"][elements["length"] > 0]):
+            raw.seek(base + int(collection))
+            if not _sound_collection(raw.read(8 + length_size), raw, length_size):
+                raise QrlInputError(f"corrupt HDF5 file {path}: {dataset.name} points at a damaged global heap")
+
+
+def _sound_collection(header: bytes, raw, length_size: int) -> bool:
+    """Whether the global heap collection starting with `header` (the rest read from `raw`) has
+    the `GCOL` signature, a plausible size, and objects that tile it exactly."""
+    size = int.from_bytes(header[8:], "little") if len(header) == 8 + length_size else 0
+    if header[:4] != b"GCOL" or size < GLOBAL_HEAP_MIN_SIZE:
+        return False
+    body = header + raw.read(size - len(header))
+    if len(body) != size:
+        return False
+    object_header = 8 + length_size
+    position = len(header)
+    while position + object_header <= size:
+        index = int.from_bytes(body[position:position + 2], "little")
+        length = int.from_bytes(body[position + 8:position + object_header], "little")
+        need = length if index == 0 else object_header + (length + 7) // 8 * 8
+        if need < object_header or position + need > size:
+            return False
+        position += need
+    return True
 
 
 @contextlib.contextmanager

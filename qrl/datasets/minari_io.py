@@ -333,18 +333,9 @@ def _check_space_type(where: str, key: str, serialized: Any) -> None:
 
 
 def _env_id(raw: dict) -> Optional[str]:
-    """The env id as a string: qrl's own `qrl_env_id`, else the `id` field of the stored
-    `env_spec` JSON. Only strings are taken; the spec's entry point is never looked at."""
+    """qrl's own `qrl_env_id` string, else None. The stored `env_spec` is never used: its id has
+    no qrl family and its entry point could name any callable."""
     env_id = raw.get("qrl_env_id")
-    if isinstance(env_id, str) and env_id:
-        return env_id
-    spec = raw.get("env_spec")
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except (json.JSONDecodeError, RecursionError):
-            return None
-    env_id = spec.get("id") if isinstance(spec, dict) else None
     return env_id if isinstance(env_id, str) and env_id else None
 
 
@@ -385,9 +376,25 @@ def _read_episodes(path: str, where: str) -> list[dict]:
                     raise QrlInputError(f"{where}: {names[index]}/{key} holds {item.dtype} values, not numbers "
                                         "(text or encoded images are not supported)")
                 episode[key] = np.asarray(item[()])
-            steps = len(episode["rewards"]) if episode["rewards"].ndim else -1
-            if episode["observations"].ndim == 0 or len(episode["observations"]) != steps + 1:
-                raise QrlInputError(f"{where}: {names[index]} has {steps} steps but observations of shape "
-                                    f"{episode['observations'].shape} (expected {steps} + 1 rows)")
+            _check_episode(where, names[index], episode, episodes[0] if episodes else episode)
             episodes.append(episode)
     return episodes
+
+
+def _check_episode(where: str, name: str, episode: dict, first: dict) -> None:
+    """One episode's arrays line up: 2-D observations (one row more than the steps) and actions,
+    1-D rewards and flags of the step count, and feature sizes those of the first episode."""
+    ranks = {"observations": 2, "actions": 2, "rewards": 1, "terminations": 1, "truncations": 1}
+    for key, rank in ranks.items():
+        if episode[key].ndim != rank:
+            raise QrlInputError(f"{where}: {name}/{key} must be {rank}-D, got shape {episode[key].shape}")
+    steps = len(episode["rewards"])
+    rows = {key: steps + (key == "observations") for key in ranks}
+    for key, expected in rows.items():
+        if len(episode[key]) != expected:
+            raise QrlInputError(f"{where}: {name}/{key} has {len(episode[key])} rows, expected {expected} "
+                                f"({steps} steps)")
+    for key in ("observations", "actions"):
+        if episode[key].shape[1:] != first[key].shape[1:]:
+            raise QrlInputError(f"{where}: {name}/{key} has shape {episode[key].shape}; the first episode's "
+                                f"rows have shape {first[key].shape[1:]}")
