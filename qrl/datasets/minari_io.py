@@ -9,6 +9,11 @@ whose observations hold the T step observations plus the final next observation.
 the explicit `root`, else `MINARI_DATASETS_PATH`; never minari's default `~/.minari`, and
 nothing is ever downloaded. Reference returns go in Minari's own `ref_min_score` /
 `ref_max_score`; the remaining metadata is kept under `qrl_metadata`.
+
+Datasets are data, never code: reading takes the episodes straight from the HDF5 file and the
+metadata as plain JSON, so no environment is built from a stored `env_spec` (whose entry point
+could name any callable). Writes are staged in a hidden sibling and renamed into place, and
+dataset ids are checked to stay inside the root before anything touches the disk.
 """
 
 import contextlib
@@ -21,6 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from qrl.datasets import d4rl
+from qrl.datasets.writers import _step_arrays, remove_stale_temps, temp_sibling
 from qrl.errors import QrlInputError
 
 ROOT_VARIABLE = "MINARI_DATASETS_PATH"
@@ -118,8 +125,6 @@ def write_minari(arrays: dict, root, dataset_id: str, env_id: str, metadata: Opt
     existing one only once the new one is complete. Returns the dataset's directory."""
     from minari.data_collector import EpisodeBuffer
 
-    from qrl.datasets.writers import _step_arrays
-
     root = resolve_root(root)
     directory = dataset_directory(root, dataset_id)
     steps = _step_arrays(arrays, f"minari dataset {dataset_id}")
@@ -158,8 +163,6 @@ def write_minari(arrays: dict, root, dataset_id: str, env_id: str, metadata: Opt
     for key in ("ref_min_score", "ref_max_score"):
         if key in minari_fields:
             minari_fields[key] = float(minari_fields[key])
-    from qrl.datasets.writers import remove_stale_temps, temp_sibling
-
     try:
         os.makedirs(os.path.dirname(directory), exist_ok=True)
         remove_stale_temps(directory)
@@ -213,8 +216,6 @@ def _create_dataset(root: str, dataset_id: str, buffers: list, steps: dict, env_
 def _replace_directory(new: str, directory: str) -> None:
     """Renames `new` to `directory`; an existing `directory` is renamed aside first, put back if
     the rename fails, and deleted once the new one is in place."""
-    from qrl.datasets.writers import temp_sibling
-
     if not os.path.lexists(directory):
         os.rename(new, directory)
         return
@@ -291,8 +292,6 @@ def read_minari_directory(directory, dataset_id: Optional[str] = None) -> dict[s
         arrays[key] = arrays[key].astype(np.float32)
     for key in ("terminals", "timeouts"):
         arrays[key] = arrays[key].astype(bool)
-    from qrl.datasets import d4rl
-
     d4rl._validate(where, arrays)
     qrl_metadata = raw.get("qrl_metadata", {})
     metadata = {**(qrl_metadata if isinstance(qrl_metadata, dict) else {}),
@@ -345,8 +344,6 @@ def _read_episodes(path: str, where: str) -> list[dict]:
     layouts qrl does not read (dict/tuple observations stored as groups, encoded images) give
     one `QrlInputError` line."""
     import h5py
-
-    from qrl.datasets import d4rl
 
     if not os.path.isfile(path):
         raise QrlInputError(f"{where}: no data file {path}")
