@@ -246,12 +246,12 @@ def read_minari(dataset_id: str, root=None) -> dict[str, Any]:
     (from truncations), next_observations, and a `metadata` dict (env_id, reference scores,
     Minari's author fields, and what `write_minari` kept). Never downloads."""
     root = resolve_root(root)
-    data_path = os.path.join(root, dataset_id, "data")
-    if not os.path.isfile(os.path.join(data_path, "metadata.json")):
+    directory = dataset_directory(root, dataset_id)
+    if not is_minari_directory(directory):
         local = local_dataset_ids(root) if os.path.isdir(root) else []
         raise QrlInputError(f"no Minari dataset {dataset_id!r} under {root}; local datasets: "
                             f"{', '.join(local) or 'none'}")
-    return read_minari_directory(os.path.join(root, dataset_id), dataset_id)
+    return read_minari_directory(directory, dataset_id)
 
 
 def is_minari_directory(path) -> bool:
