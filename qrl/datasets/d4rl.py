@@ -62,22 +62,29 @@ def _check_global_heap(dataset) -> None:
     element = np.dtype([("length", "<u4"), ("collection", f"<u{address_size}"), ("index", "<u4")])
     path = dataset.file.filename
     with open(path, "rb") as raw:
-        raw.seek(base + offset)
-        stored = raw.read(dataset.id.get_storage_size())
+        stored = _read_at(raw, base + offset, dataset.id.get_storage_size())
         elements = np.frombuffer(stored, dtype=element, count=len(stored) // element.itemsize)
         for collection in np.unique(elements["collection"][elements["length"] > 0]):
-            raw.seek(base + int(collection))
-            if not _sound_collection(raw.read(8 + length_size), raw, length_size):
+            if not _sound_collection(raw, base + int(collection), length_size):
                 raise QrlInputError(f"corrupt HDF5 file {path}: {dataset.name} points at a damaged global heap")
 
 
-def _sound_collection(header: bytes, raw, length_size: int) -> bool:
-    """Whether the global heap collection starting with `header` (the rest read from `raw`) has
-    the `GCOL` signature, a plausible size, and objects that tile it exactly."""
+def _read_at(raw, offset: int, count: int) -> bytes:
+    """Up to `count` bytes of the open file `raw` from `offset`, never past its end (damaged
+    sizes can be huge)."""
+    size = os.fstat(raw.fileno()).st_size
+    raw.seek(min(offset, size))
+    return raw.read(max(0, min(count, size - offset)))
+
+
+def _sound_collection(raw, offset: int, length_size: int) -> bool:
+    """Whether the global heap collection at `offset` in the open file `raw` has the `GCOL`
+    signature, a plausible size, and objects that tile it exactly."""
+    header = _read_at(raw, offset, 8 + length_size)
     size = int.from_bytes(header[8:], "little") if len(header) == 8 + length_size else 0
     if header[:4] != b"GCOL" or size < GLOBAL_HEAP_MIN_SIZE:
         return False
-    body = header + raw.read(size - len(header))
+    body = header + _read_at(raw, offset + len(header), size - len(header))
     if len(body) != size:
         return False
     object_header = 8 + length_size
