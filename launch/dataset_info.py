@@ -59,6 +59,8 @@ def describe(path: str, max_episode_steps: int = d4rl.DEFAULT_MAX_EPISODE_STEPS)
 def run() -> None:
     if not FLAGS.dataset:
         raise QrlInputError("--dataset is required")
+    if FLAGS.max_episode_steps < 1:
+        raise QrlInputError(f"--max_episode_steps must be >= 1, got {FLAGS.max_episode_steps}")
     print(describe(FLAGS.dataset, FLAGS.max_episode_steps))
 
 

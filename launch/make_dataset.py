@@ -11,9 +11,9 @@ Every level of one env and seed shares the SAC run in `--workdir` (default
 interrupted call resumes. See `qrl.datasets.generate` for the recipe and the files.
 """
 
+import math
 import os
 import re
-import shutil
 import sys
 import time
 
@@ -44,7 +44,8 @@ flags.DEFINE_integer("num_envs", 10, "Environments stepped together while collec
 flags.DEFINE_float("medium_fraction", generate.MEDIUM_FRACTION,
                    "Medium = the checkpoint closest to random + fraction * (expert - random).")
 flags.DEFINE_multi_string("set", [], "SAC config override key=value (repeatable), e.g. --set=matmul_dtype=bf16.")
-flags.DEFINE_bool("overwrite", False, "Replace an existing --out.")
+flags.DEFINE_bool("overwrite", False, "Replace an existing --out file (d4rl) or dataset (minari), once the new one "
+                  "is complete.")
 flags.DEFINE_bool("progress", True, "Show progress (periodic one-line summaries when not on a terminal).")
 
 
@@ -54,17 +55,48 @@ def env_slug(env_id: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", re.sub(r"-v\d+$", "", name.lower())) or "env"
 
 
+def _writable_location(path: str, flag: str) -> None:
+    """Refuses a `path` that cannot be created: its nearest existing ancestor must be a writable
+    directory (a file there means `path` lies under a file)."""
+    ancestor = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise QrlInputError(f"{flag}={path} lies under {ancestor}, which is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise QrlInputError(f"{flag}={path}: {ancestor} is not writable")
+
+
 def _destination(level: str) -> tuple[str, str]:
-    """(path to check for existence, minari dataset id or '')."""
+    """(path to check for existence, minari dataset id or ''), every check done before anything
+    is written: the d4rl file is no directory, the minari root no file, the dataset id resolves
+    inside the root, and the location can be created."""
     out = os.path.abspath(FLAGS.out)
     if FLAGS.format == "d4rl":
         if os.path.isdir(out):
             raise QrlInputError(f"--out={FLAGS.out} is a directory; the d4rl format writes one HDF5 file")
+        _writable_location(out, "--out")
         return out, ""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise QrlInputError(f"--out={FLAGS.out} is a file; the minari format writes under a datasets root directory")
     dataset_id = FLAGS.dataset_id or f"qrl/{env_slug(FLAGS.env)}/{level}-v0"
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*-v\d+", dataset_id):
-        raise QrlInputError(f"--dataset_id={dataset_id!r} is not a Minari id like namespace/name-v0")
-    return os.path.join(out, dataset_id), dataset_id
+    try:
+        destination = minari_io.dataset_directory(out, dataset_id)
+    except QrlInputError as error:
+        raise QrlInputError(f"--dataset_id: {error}") from None
+    _writable_location(destination, "--out")
+    return destination, dataset_id
+
+
+def _check_numbers() -> None:
+    """The numeric flags in range, before anything is built or written."""
+    if FLAGS.size < 0 or (FLAGS.size == 0 and FLAGS.level != "medium-replay"):
+        raise QrlInputError(f"--size must be >= 1 (0 only for medium-replay), got {FLAGS.size}")
+    for name in ("sac_steps", "checkpoint_every", "eval_episodes", "reference_episodes", "num_envs"):
+        if getattr(FLAGS, name) < 1:
+            raise QrlInputError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}")
+    if not (math.isfinite(FLAGS.medium_fraction) and 0.0 < FLAGS.medium_fraction < 1.0):
+        raise QrlInputError(f"--medium_fraction must be in (0, 1), got {FLAGS.medium_fraction}")
 
 
 def _say(message: str) -> None:
@@ -76,14 +108,16 @@ def run() -> None:
 
     if not FLAGS.env or not FLAGS.level or not FLAGS.out:
         raise QrlInputError("--env, --level and --out are required")
-    if FLAGS.size < 0 or (FLAGS.size == 0 and FLAGS.level != "medium-replay"):
-        raise QrlInputError(f"--size must be >= 1 (0 only for medium-replay), got {FLAGS.size}")
+    _check_numbers()
     destination, dataset_id = _destination(FLAGS.level)
-    if os.path.exists(destination) and not FLAGS.overwrite:
+    if os.path.lexists(destination) and not FLAGS.overwrite:
         raise QrlInputError(f"{destination} exists; pass --overwrite to replace it")
+    workdir = FLAGS.workdir or os.path.join("runs", "make_dataset", f"{env_slug(FLAGS.env)}-seed{FLAGS.seed}")
+    if os.path.lexists(workdir) and not os.path.isdir(workdir):
+        raise QrlInputError(f"--workdir={workdir} is a file, not a directory")
+    _writable_location(os.path.join(workdir, generate.RECORD_FILE), "--workdir")
     runtime.configure_jax(1)  # SAC on vector observations: one XLA thread (qrl.runtime)
     config = sac.config_for(FLAGS.env, common.parse_overrides(FLAGS.set))
-    workdir = FLAGS.workdir or os.path.join("runs", "make_dataset", f"{env_slug(FLAGS.env)}-seed{FLAGS.seed}")
     behavior = generate.BehaviorRun(
         sac.AGENT, config, FLAGS.env, FLAGS.sac_steps, FLAGS.seed, workdir, checkpoint_every=FLAGS.checkpoint_every,
         eval_episodes=FLAGS.eval_episodes, reference_episodes=FLAGS.reference_episodes,
@@ -103,9 +137,8 @@ def run() -> None:
     if FLAGS.format == "d4rl":
         write_d4rl_hdf5(destination, arrays, metadata)
     else:
-        if os.path.exists(destination):
-            shutil.rmtree(destination)
-        minari_io.write_minari(arrays, os.path.abspath(FLAGS.out), dataset_id, FLAGS.env, metadata)
+        minari_io.write_minari(arrays, os.path.abspath(FLAGS.out), dataset_id, FLAGS.env, metadata,
+                               overwrite=FLAGS.overwrite)
     if not references["expert"]["return_mean"] > references["random"]["return_mean"]:
         print(f"warning: the expert's return ({references['expert']['return_mean']:.1f}) does not exceed the random "
               f"policy's ({references['random']['return_mean']:.1f}); normalized scores are undefined: train longer "

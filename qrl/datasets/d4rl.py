@@ -7,6 +7,7 @@ loads them (the file is opened read-only); `qlearning_arrays` is D4RL's `qlearni
 with its exact semantics; `episode_returns` splits the steps into episodes.
 """
 
+import contextlib
 import os
 from typing import Any, Optional
 
@@ -30,34 +31,122 @@ def _read_group(group) -> dict:
 
     values = {}
     for key, item in group.items():
-        values[key] = _read_group(item) if isinstance(item, h5py.Group) else item[()]
+        if isinstance(item, h5py.Group):
+            values[key] = _read_group(item)
+        else:
+            _check_global_heap(item)
+            values[key] = item[()]
     for key, value in group.attrs.items():
         values.setdefault(key, value)
     return values
 
 
+GLOBAL_HEAP_MIN_SIZE = 4096  # HDF5's smallest global heap collection (H5HG_MINSIZE)
+
+
+def _check_global_heap(dataset) -> None:
+    """Refuses a variable-length dataset whose global heap collections are damaged. HDF5 loops
+    forever decoding a collection whose free-space object has size 0 (zeroed bytes do that), so
+    the collections a contiguous dataset's elements point at are walked first, as HDF5 walks
+    them. (Chunked or compact variable-length datasets are read unchecked.)"""
+    import h5py
+
+    type_id = dataset.id.get_type()
+    variable = isinstance(type_id, h5py.h5t.TypeVlenID) or (
+        isinstance(type_id, h5py.h5t.TypeStringID) and type_id.is_variable_str())
+    offset = dataset.id.get_offset() if variable else None
+    if offset is None:
+        return
+    address_size, length_size = dataset.file.id.get_create_plist().get_sizes()
+    base = dataset.file.userblock_size
+    element = np.dtype([("length", "<u4"), ("collection", f"<u{address_size}"), ("index", "<u4")])
+    path = dataset.file.filename
+    with open(path, "rb") as raw:
+        stored = _read_at(raw, base + offset, dataset.id.get_storage_size())
+        elements = np.frombuffer(stored, dtype=element, count=len(stored) // element.itemsize)
+        for collection in np.unique(elements["collection"][elements["length"] > 0]):
+            if not _sound_collection(raw, base + int(collection), length_size):
+                raise QrlInputError(f"corrupt HDF5 file {path}: {dataset.name} points at a damaged global heap")
+
+
+def _read_at(raw, offset: int, count: int) -> bytes:
+    """Up to `count` bytes of the open file `raw` from `offset`, never past its end (damaged
+    sizes can be huge)."""
+    size = os.fstat(raw.fileno()).st_size
+    raw.seek(min(offset, size))
+    return raw.read(max(0, min(count, size - offset)))
+
+
+def _sound_collection(raw, offset: int, length_size: int) -> bool:
+    """Whether the global heap collection at `offset` in the open file `raw` has the `GCOL`
+    signature, a plausible size, and objects that tile it exactly."""
+    header = _read_at(raw, offset, 8 + length_size)
+    size = int.from_bytes(header[8:], "little") if len(header) == 8 + length_size else 0
+    if header[:4] != b"GCOL" or size < GLOBAL_HEAP_MIN_SIZE:
+        return False
+    body = header + _read_at(raw, offset + len(header), size - len(header))
+    if len(body) != size:
+        return False
+    object_header = 8 + length_size
+    position = len(header)
+    while position + object_header <= size:
+        index = int.from_bytes(body[position:position + 2], "little")
+        length = int.from_bytes(body[position + 8:position + object_header], "little")
+        need = length if index == 0 else object_header + (length + 7) // 8 * 8
+        if need < object_header or position + need > size:
+            return False
+        position += need
+    return True
+
+
+@contextlib.contextmanager
+def hdf5_reading(path: str):
+    """Opens `path` read-only for the block; any error HDF5 raises inside it (open, key listing,
+    dataset or attribute reads) becomes one `QrlInputError` line naming the file. A damaged file
+    can fail anywhere in the library and with any exception type, so the block should hold
+    reads only; `QrlInputError`s raised in it pass through unchanged."""
+    import h5py
+
+    try:
+        handle = h5py.File(path, "r")
+    except Exception as error:
+        raise _fail(path, f"not an HDF5 file or a corrupt one ({_first_line(error)})") from None
+    try:
+        with handle:
+            yield handle
+    except QrlInputError:
+        raise
+    except Exception as error:
+        raise QrlInputError(f"corrupt HDF5 file {path}: {type(error).__name__}: {_first_line(error)}") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "no details"
+
+
 def read_hdf5(path: str) -> dict[str, Any]:
     """Loads and validates a D4RL HDF5 file: a dict of the step arrays (flags as bool), plus
     `infos` and `metadata` dicts when present. Problems raise one `QrlInputError` line naming
-    the file: missing, not HDF5, a missing key, arrays of different lengths, no steps, NaN/inf,
-    wrong dtypes or ranks."""
+    the file: missing, not HDF5, damaged inside, a missing key, arrays of different lengths, no
+    steps, NaN/inf, wrong dtypes or ranks."""
     import h5py
 
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise _fail(path, "no such file")
-    try:
-        handle = h5py.File(path, "r")
-    except OSError:
-        raise _fail(path, "not an HDF5 file") from None
-    with handle:
+    with hdf5_reading(path) as handle:
         missing = [key for key in REQUIRED_KEYS if key not in handle]
         if missing:
             raise _fail(path, f"missing dataset key(s) {', '.join(missing)}; a D4RL file has "
                         f"{', '.join(REQUIRED_KEYS)}, timeouts and optionally next_observations")
-        arrays = {key: np.asarray(handle[key][()]) for key in (*REQUIRED_KEYS, "timeouts", "next_observations")
-                  if key in handle}
-        extras = {group: _read_group(handle[group]) for group in ("infos", "metadata") if group in handle}
+        keys = [key for key in (*REQUIRED_KEYS, "timeouts", "next_observations") if key in handle]
+        groups = [key for key in keys if not isinstance(handle[key], h5py.Dataset)]
+        if groups:
+            raise _fail(path, f"{', '.join(groups)} must be dataset(s), not groups")
+        arrays = {key: np.asarray(handle[key][()]) for key in keys}
+        extras = {group: _read_group(handle[group]) for group in ("infos", "metadata")
+                  if group in handle and isinstance(handle[group], h5py.Group)}
         extras["metadata"] = {**extras.get("metadata", {}), **{k: v for k, v in handle.attrs.items()}}
     _validate(path, arrays)
     for key in FLAG_KEYS:

@@ -4,10 +4,13 @@
 
 Float arrays are stored as float32, `terminals`/`timeouts` as bool; `metadata` values (scalars
 or strings) become `metadata/<key>` datasets. The file is written to a temporary sibling and
-renamed into place, so a reader never sees half a file.
+renamed into place, so a reader never sees half a file; the temporary files of killed writes
+are removed by the next write to the same path.
 """
 
 import os
+import re
+import shutil
 import uuid
 from typing import Any, Optional
 
@@ -17,6 +20,40 @@ from qrl.datasets import d4rl
 from qrl.errors import QrlInputError
 
 STEP_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
+
+
+def temp_sibling(path: str, kind: str = "tmp") -> str:
+    """A fresh hidden sibling of `path` named `.<name>.<32 hex>.<kind>`: where a write is staged
+    (`tmp`) or an old dataset waits while the new one is renamed in (`old`)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.{uuid.uuid4().hex}.{kind}")
+
+
+def remove_stale_temps(path: str) -> list[str]:
+    """Removes what killed writes to `path` left beside it: files or directories named exactly
+    as `temp_sibling` names them for `path`, nothing else. When `path` itself is gone and an
+    `old` sibling survived (a write killed between its two renames), the newest `old` sibling
+    is renamed back to `path` first. Returns the removed paths."""
+    directory, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{32}}\.(tmp|old)")
+    try:
+        entries = [entry for entry in os.listdir(directory) if pattern.fullmatch(entry)]
+    except FileNotFoundError:
+        return []
+    olds = sorted((entry for entry in entries if entry.endswith(".old")),
+                  key=lambda entry: os.lstat(os.path.join(directory, entry)).st_mtime_ns)
+    if olds and not os.path.lexists(path):
+        os.rename(os.path.join(directory, olds.pop()), path)
+        entries = [entry for entry in entries if os.path.lexists(os.path.join(directory, entry))]
+    removed = []
+    for entry in entries:
+        stale = os.path.join(directory, entry)
+        if os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.remove(stale)
+        removed.append(stale)
+    return removed
 
 
 def _step_arrays(arrays: dict, where: str) -> dict[str, np.ndarray]:
@@ -58,9 +95,10 @@ def write_d4rl_hdf5(path, arrays: dict, metadata: Optional[dict] = None) -> str:
     steps = _step_arrays(arrays, path)
     values = {key: _metadata_value(key, value, path) for key, value in (metadata or {}).items()}
     directory = os.path.dirname(os.path.abspath(path))
-    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    temp_path = temp_sibling(path)
     try:
         os.makedirs(directory, exist_ok=True)
+        remove_stale_temps(path)
         with h5py.File(temp_path, "x") as handle:
             for key, array in steps.items():
                 handle.create_dataset(key, data=array)
