@@ -11,7 +11,6 @@ Every level of one env and seed shares the SAC run in `--workdir` (default
 interrupted call resumes. See `qrl.datasets.generate` for the recipe and the files.
 """
 
-import math
 import os
 import re
 import sys
@@ -20,7 +19,7 @@ import time
 from absl import flags
 
 from launch import common
-from qrl import runtime
+from qrl import runtime, workdirs
 from qrl.datasets import d4rl, generate, minari_io
 from qrl.datasets.writers import write_d4rl_hdf5
 from qrl.errors import QrlInputError
@@ -55,18 +54,6 @@ def env_slug(env_id: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", re.sub(r"-v\d+$", "", name.lower())) or "env"
 
 
-def _writable_location(path: str, flag: str) -> None:
-    """Refuses a `path` that cannot be created: its nearest existing ancestor must be a writable
-    directory (a file there means `path` lies under a file)."""
-    ancestor = os.path.dirname(os.path.abspath(path))
-    while not os.path.lexists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise QrlInputError(f"{flag}={path} lies under {ancestor}, which is a file, not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise QrlInputError(f"{flag}={path}: {ancestor} is not writable")
-
-
 def _destination(level: str) -> tuple[str, str]:
     """(path to check for existence, minari dataset id or ''), every check done before anything
     is written: the d4rl file is no directory, the minari root no file, the dataset id resolves
@@ -75,7 +62,7 @@ def _destination(level: str) -> tuple[str, str]:
     if FLAGS.format == "d4rl":
         if os.path.isdir(out):
             raise QrlInputError(f"--out={FLAGS.out} is a directory; the d4rl format writes one HDF5 file")
-        _writable_location(out, "--out")
+        workdirs.check_path(os.path.dirname(out), "--out")
         return out, ""
     if os.path.lexists(out) and not os.path.isdir(out):
         raise QrlInputError(f"--out={FLAGS.out} is a file; the minari format writes under a datasets root directory")
@@ -84,7 +71,7 @@ def _destination(level: str) -> tuple[str, str]:
         destination = minari_io.dataset_directory(out, dataset_id)
     except QrlInputError as error:
         raise QrlInputError(f"--dataset_id: {error}") from None
-    _writable_location(destination, "--out")
+    workdirs.check_path(os.path.dirname(destination), "--out")
     return destination, dataset_id
 
 
@@ -92,11 +79,11 @@ def _check_numbers() -> None:
     """The numeric flags in range, before anything is built or written."""
     if FLAGS.size < 0 or (FLAGS.size == 0 and FLAGS.level != "medium-replay"):
         raise QrlInputError(f"--size must be >= 1 (0 only for medium-replay), got {FLAGS.size}")
-    for name in ("sac_steps", "checkpoint_every", "eval_episodes", "reference_episodes", "num_envs"):
-        if getattr(FLAGS, name) < 1:
-            raise QrlInputError(f"--{name} must be >= 1, got {getattr(FLAGS, name)}")
-    if not (math.isfinite(FLAGS.medium_fraction) and 0.0 < FLAGS.medium_fraction < 1.0):
-        raise QrlInputError(f"--medium_fraction must be in (0, 1), got {FLAGS.medium_fraction}")
+    common.check_flag_ranges({
+        **{name: common.AT_LEAST_1 for name in ("sac_steps", "checkpoint_every", "eval_episodes",
+                                                 "reference_episodes", "num_envs")},
+        "medium_fraction": common.Range(minimum=0, maximum=1, open_minimum=True, open_maximum=True),
+    })
 
 
 def _say(message: str) -> None:
@@ -113,9 +100,7 @@ def run() -> None:
     if os.path.lexists(destination) and not FLAGS.overwrite:
         raise QrlInputError(f"{destination} exists; pass --overwrite to replace it")
     workdir = FLAGS.workdir or os.path.join("runs", "make_dataset", f"{env_slug(FLAGS.env)}-seed{FLAGS.seed}")
-    if os.path.lexists(workdir) and not os.path.isdir(workdir):
-        raise QrlInputError(f"--workdir={workdir} is a file, not a directory")
-    _writable_location(os.path.join(workdir, generate.RECORD_FILE), "--workdir")
+    workdirs.check_path(workdir, "--workdir")
     runtime.configure_jax(1)  # SAC on vector observations: one XLA thread (qrl.runtime)
     config = sac.config_for(FLAGS.env, common.parse_overrides(FLAGS.set))
     behavior = generate.BehaviorRun(

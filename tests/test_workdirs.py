@@ -115,7 +115,7 @@ def test_remove_outputs_keeps_the_marker_and_user_files(tmp_path):
 def test_a_path_that_is_or_lies_under_a_file_is_refused(tmp_path, make):
     _write(str(tmp_path / "f"), "mine")
     workdir = str(tmp_path / "f") if make == "file" else str(tmp_path / "f" / "run")
-    with pytest.raises(QrlInputError, match="is a file"):
+    with pytest.raises(QrlInputError, match="not a directory"):
         workdirs.claim(workdir, "train")
     assert os.listdir(tmp_path) == ["f"]
 
@@ -174,7 +174,7 @@ def test_train_refuses_a_foreign_directory_and_a_file(tmp_path):
                        "has no qrl-workdir.json")
     assert _listing(foreign) == ["data.csv"]
     _write(str(tmp_path / "file"), "mine")
-    assert_input_error(run_module("launch.train", *TINY_TRAIN, f"--workdir={tmp_path / 'file' / 'run'}"), "is a file")
+    assert_input_error(run_module("launch.train", *TINY_TRAIN, f"--workdir={tmp_path / 'file' / 'run'}"), "not a directory")
     assert _listing(tmp_path) == ["file", "foreign"]
 
 

@@ -49,7 +49,7 @@ CASES = [
     _case("d4rl-out-is-directory", "is a directory", *_BASE, "--out={tmp}"),
     _case("out-exists", "pass --overwrite", *_D4RL, setup=_existing_output),
     _case("minari-out-is-file", "is a file", *_BASE, "--format=minari", "--out={tmp}/afile", setup=_a_file),
-    _case("out-under-a-file", "which is a file", *_BASE, "--out={tmp}/afile/sub/x.hdf5", setup=_a_file),
+    _case("out-under-a-file", "which is not a directory", *_BASE, "--out={tmp}/afile/sub/x.hdf5", setup=_a_file),
     _case("nan-medium-fraction", "--medium_fraction", *_D4RL, "--medium_fraction=nan"),
     _case("zero-num-envs", "--num_envs", *_D4RL, "--num_envs=0"),
     _case("negative-checkpoint-every", "--checkpoint_every", *_D4RL, "--checkpoint_every=-10"),
