@@ -106,8 +106,9 @@ def read_marker(workdir: str) -> Optional[dict]:
     marker = io.read_json(path)
     entries = marker.get("entries") if isinstance(marker, dict) else None
     if not isinstance(entries, list) or not all(isinstance(name, str) and _is_plain_name(name) for name in entries) \
-            or not isinstance(marker.get("kind"), str):
-        raise QrlInputError(f"malformed {path}: expected kind and a list of entry names")
+            or marker.get("kind") not in RUN_OUTPUTS:
+        raise QrlInputError(f"malformed {path}: expected a kind ({', '.join(sorted(RUN_OUTPUTS))}) and a list of "
+                            "entry names")
     return marker
 
 
@@ -143,7 +144,8 @@ def remove_outputs(workdir: str) -> list[str]:
                 f"{workdir} is not empty and has no {MARKER_FILE}: qrl did not create it and will not delete in it"
             )
         return []
-    listed = set(marker["entries"])
+    # Only names this kind of run writes: a marker edited to list other files deletes none of them.
+    listed = set(marker["entries"]) & set(RUN_OUTPUTS[marker["kind"]])
     removed = []
     for name in sorted(os.listdir(workdir)):
         temp = _TEMP_FILE.match(name)

@@ -139,11 +139,27 @@ def test_an_unwritable_parent_is_refused(tmp_path):
         os.chmod(locked, 0o700)
 
 
-@pytest.mark.parametrize("text", ["not json", '{"kind": "train", "entries": ["../x"]}', '{"entries": []}'])
+@pytest.mark.parametrize("text", ["not json", '{"kind": "train", "entries": ["../x"]}', '{"entries": []}',
+                                  '{"kind": "mine", "entries": []}'])
 def test_a_malformed_marker_is_refused(tmp_path, text):
     _write(str(tmp_path / workdirs.MARKER_FILE), text)
     with pytest.raises(QrlInputError, match=workdirs.MARKER_FILE.replace(".", r"\.")):
         workdirs.claim(str(tmp_path), "train", overwrite=True)
+
+
+def test_an_edited_marker_removes_only_names_its_kind_writes(tmp_path):
+    workdir = str(tmp_path)
+    workdirs.claim(workdir, "train")
+    _fake_train_outputs(workdir)
+    _write(os.path.join(workdir, "thesis.tex"), "mine")
+    marker = workdirs.read_marker(workdir)
+    marker["entries"].append("thesis.tex")
+    _write(os.path.join(workdir, workdirs.MARKER_FILE), json.dumps(marker))
+
+    removed = workdirs.remove_outputs(workdir)
+
+    assert "thesis.tex" not in removed and "config.json" in removed
+    assert sorted(os.listdir(workdir)) == sorted([workdirs.MARKER_FILE, "thesis.tex"])
 
 
 def test_require_kind(tmp_path):
