@@ -124,15 +124,16 @@ def validate(config: ActorQConfig) -> None:
               "max_learner_steps", "max_actor_steps", "min_replay_size", "replay_capacity", "max_eval_episode_steps")
     rates = ("max_seconds", "samples_per_insert", "eval_every_seconds", "exploration_first", "exploration_last")
     check_ranges([
-        ("--num_actors", config.num_actors, Range(minimum=1, maximum=MAX_ACTORS)),
+        ("--num_actors", config.num_actors, AT_LEAST_1),
+        ("--num_actors", config.num_actors, Range(maximum=MAX_ACTORS)),
         *((f"--{name}", getattr(config, name), AT_LEAST_1) for name in counts),
         *((f"--{name}", getattr(config, name), POSITIVE) for name in rates),
         ("--target_return", config.target_return, ANY_FINITE),
         *((f"--{name}", getattr(config, name), AT_LEAST_0)
           for name in ("checkpoint_every", "samples_per_insert_tolerance", "priority_exponent")),
         ("--importance_exponent", config.importance_exponent, Range(minimum=0, maximum=1)),
-        *((f"--{name}", getattr(config, name), Range(minimum=0, maximum=MAX_CPUS_PER_NODE))
-          for name in ("learner_cpus", "actor_cpus", "evaluator_cpus")),
+        *((f"--{name}", getattr(config, name), allowed) for name in ("learner_cpus", "actor_cpus", "evaluator_cpus")
+          for allowed in (AT_LEAST_0, Range(maximum=MAX_CPUS_PER_NODE))),
     ])
 
 
