@@ -36,6 +36,11 @@ class Case:
         return f"{self.module.split('.')[-1]}-{self.name}"
 
 
+def a_file(tmp: pathlib.Path) -> None:
+    """Setup for cases whose path is `{tmp}/afile` (a file where a directory should be) or lies under it."""
+    (tmp / "afile").write_text("not a directory\n")
+
+
 def snapshot(root: pathlib.Path) -> dict:
     """Every path under `root` with (kind, size, mtime_ns, mode): what 'nothing changed' compares."""
     state = {}

@@ -1,14 +1,10 @@
 """Bad inputs to launch.actorq: each refused with one line before any file is written or any
 Ray process starts."""
 
-from tests.bad_input import Case
+from tests.bad_input import Case, a_file
 
 _W = "--workdir={tmp}/run"
 _SMALL = ("--agent=dqn", "--env=gym:CartPole-v1", "--set=hidden_sizes=16-16")
-
-
-def _afile(tmp):
-    (tmp / "afile").write_text("not a directory\n")
 
 
 def _case(name, fragment, *args, setup=None, stop=("--max_seconds=5",)):
@@ -26,8 +22,8 @@ CASES = [
     _case("negative-seed", "seed must be a non-negative integer", _W, "--seed=-1"),
     _case("unknown-precision", "unknown actor precision 'int4'", _W, "--actor_precision=int4"),
     _case("unknown-env", "NoSuchEnv", _W, "--env=gym:NoSuchEnv-v0"),
-    _case("workdir-is-a-file", "exists and is not a directory", "--workdir={tmp}/afile", setup=_afile),
-    _case("workdir-under-a-file", "which is not a directory", "--workdir={tmp}/afile/run", setup=_afile),
+    _case("workdir-is-a-file", "exists and is not a directory", "--workdir={tmp}/afile", setup=a_file),
+    _case("workdir-under-a-file", "which is not a directory", "--workdir={tmp}/afile/run", setup=a_file),
     _case("unreachable-ray", "cannot reach a Ray cluster at 127.0.0.1:1", _W, "--launcher=ray",
           "--ray_address=127.0.0.1:1"),
     _case("bind-address-not-an-ip", "--ray_bind_address must be an IP address", _W, "--launcher=ray",

@@ -1,14 +1,10 @@
 """Bad inputs to launch.actorq_study: each refused with one line before any file is written or
 any cell starts."""
 
-from tests.bad_input import Case
+from tests.bad_input import Case, a_file
 
 _W = "--workdir={tmp}/study"
 _SMALL = ("--agent=dqn", "--envs=gym:CartPole-v1")
-
-
-def _afile(tmp):
-    (tmp / "afile").write_text("not a directory\n")
 
 
 def _case(name, fragment, *args, setup=None, stop=("--max_seconds=5",)):
@@ -27,8 +23,8 @@ CASES = [
     _case("no-eval-episodes", "--eval_episodes must be >= 1", _W, "--run_flag=--eval_episodes=0"),
     _case("unknown-run-flag", "launch.actorq has no flag --bogus", _W, "--run_flag=--bogus=1"),
     _case("unknown-override", "nokey", _W, "--run_flag=--set=nokey=1"),
-    _case("workdir-is-a-file", "exists and is not a directory", "--workdir={tmp}/afile", setup=_afile),
-    _case("workdir-under-a-file", "which is not a directory", "--workdir={tmp}/afile/study", setup=_afile),
+    _case("workdir-is-a-file", "exists and is not a directory", "--workdir={tmp}/afile", setup=a_file),
+    _case("workdir-under-a-file", "which is not a directory", "--workdir={tmp}/afile/study", setup=a_file),
     _case("unreachable-ray", "cannot reach a Ray cluster at 127.0.0.1:1", _W, "--launcher=ray",
           "--ray_address=127.0.0.1:1"),
     _case("bind-address-not-an-ip", "--ray_bind_address must be an IP address", _W, "--launcher=ray",

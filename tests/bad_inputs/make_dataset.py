@@ -2,7 +2,7 @@
 
 import os
 
-from tests.bad_input import Case
+from tests.bad_input import Case, a_file
 
 _BASE = ("--env=gym:Hopper-v5", "--level=medium", "--workdir={tmp}/behavior")
 _D4RL = (*_BASE, "--out={tmp}/hopper-medium.hdf5")
@@ -26,10 +26,6 @@ def _escaping_link(tmp):
     os.symlink(tmp / "victim-v0", tmp / "minari" / "qrl")
 
 
-def _a_file(tmp):
-    (tmp / "afile").write_text("not a directory\n")
-
-
 def _existing_output(tmp):
     (tmp / "hopper-medium.hdf5").write_bytes(b"an earlier dataset")
 
@@ -48,8 +44,8 @@ CASES = [
           setup=_escaping_link),
     _case("d4rl-out-is-directory", "is a directory", *_BASE, "--out={tmp}"),
     _case("out-exists", "pass --overwrite", *_D4RL, setup=_existing_output),
-    _case("minari-out-is-file", "is a file", *_BASE, "--format=minari", "--out={tmp}/afile", setup=_a_file),
-    _case("out-under-a-file", "which is not a directory", *_BASE, "--out={tmp}/afile/sub/x.hdf5", setup=_a_file),
+    _case("minari-out-is-file", "is a file", *_BASE, "--format=minari", "--out={tmp}/afile", setup=a_file),
+    _case("out-under-a-file", "which is not a directory", *_BASE, "--out={tmp}/afile/sub/x.hdf5", setup=a_file),
     _case("nan-medium-fraction", "--medium_fraction", *_D4RL, "--medium_fraction=nan"),
     _case("zero-num-envs", "--num_envs", *_D4RL, "--num_envs=0"),
     _case("negative-checkpoint-every", "--checkpoint_every", *_D4RL, "--checkpoint_every=-10"),
