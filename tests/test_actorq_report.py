@@ -8,6 +8,7 @@ import types
 import pytest
 
 from launch import actorq_study
+from qrl import workdirs
 from qrl.distributed import energy, report
 from qrl.errors import QrlInputError
 from tests.test_cli import assert_input_error, run_module
@@ -284,12 +285,13 @@ class FakeRunner:
     def __call__(self, argv, log_path):
         self.calls.append(list(argv))
         precision, seed, workdir = _flag(argv, "actor_precision"), int(_flag(argv, "seed")), _flag(argv, "workdir")
-        assert not os.path.exists(workdir), "an unfinished cell is started afresh"
+        marker = workdirs.read_marker(workdir) if os.path.isdir(workdir) else None
+        assert marker is None or not workdirs.present_outputs(workdir, marker), "an unfinished cell starts afresh"
         with open(log_path, "a") as log:
             if precision == "int8" and seed == 1 and self.fail_int8_seed1:
                 log.write("Traceback ...\nerror: actor crashed\n")
                 return 1
-        os.makedirs(workdir)
+        workdirs.claim(workdir, "actorq")
         faster = precision == "int8"
         result = fake_result(_flag(argv, "env"), precision, seed, [500, 850] if faster else [500, 700, 850],
                              850.0, 1500.0 if faster else 1000.0, 0.001, 1100 if faster else 4000)
@@ -319,7 +321,11 @@ def test_study_runs_cells_reuses_finished_ones_and_survives_failures(tmp_path):
     speedup = json.load(open(os.path.join(workdir, "summary.json")))["speedups"][0]
     assert speedup["paired_seeds"] == [0] and speedup["time_to_target_ratio"] == pytest.approx(30.0 / 20.0)
 
-    os.makedirs(os.path.join(workdir, "cells/dmc_cartpole-balance/int8/seed1/partial"))  # a killed run's leftovers.
+    killed = os.path.join(workdir, "cells/dmc_cartpole-balance/int8/seed1")  # a killed run's leftovers:
+    workdirs.claim(killed, "actorq")
+    os.makedirs(os.path.join(killed, "checkpoints", "100"))
+    with open(os.path.join(killed, "notes.md"), "w") as file:  # and a user's file beside them
+        file.write("mine")
     runner.calls.clear()
     runner.fail_int8_seed1 = False
     lines.clear()
@@ -328,6 +334,7 @@ def test_study_runs_cells_reuses_finished_ones_and_survives_failures(tmp_path):
     assert sum("already done" in line for line in lines) == 3 and outcome["failed"] == []
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert [row["seeds"] for row in summary["summary"]] == [[0, 1], [0, 1]]
+    assert sorted(os.listdir(killed)) == sorted([workdirs.MARKER_FILE, "notes.md", "results.json"])
 
 
 def test_run_subprocess_logs_output_and_returns_the_status(tmp_path):
