@@ -195,7 +195,12 @@ def _drop_metrics_after(csv_path: str, steps: int) -> None:
         return
     except (OSError, UnicodeDecodeError, csv.Error) as error:
         raise QrlInputError(f"cannot read {csv_path}: {error}") from error
-    kept = rows[:1] + [row for row in rows[1:] if not row or not row[0].isdigit() or int(row[0]) <= steps]
+    if not rows:
+        return
+    header = rows[0]
+    # A row cut short by the kill (fewer fields than the header) is dropped with the later ones.
+    kept = [header] + [row for row in rows[1:]
+                       if len(row) == len(header) and row[0].isdigit() and int(row[0]) <= steps]
     if len(kept) < len(rows):
         text = io.StringIO()
         csv.writer(text).writerows(kept)

@@ -171,3 +171,14 @@ def test_a_resumed_monitor_drops_metrics_logged_after_its_checkpoint(tmp_path):
 
     assert (tmp_path / "metrics.csv").read_text() == "step,loss\n1000,1.0\n2000,0.5\n3000,0.1\n"
     assert monitor.evaluations == [{"env_steps": 1000, "mean": 9.0}]
+
+
+def test_a_row_cut_short_by_the_kill_is_dropped(tmp_path):
+    from qrl.run_monitor import TrainingMonitor
+
+    (tmp_path / "metrics.csv").write_text("step,loss,episodes\n1000,1.0,3\n2000,0.5,7\n30")
+    monitor = TrainingMonitor("dqn", "gym:CartPole-v1", 5000, 0, str(tmp_path), policy=None, progress=False,
+                              start_steps=2000)
+    monitor.logger.close()
+
+    assert (tmp_path / "metrics.csv").read_text() == "step,loss,episodes\n1000,1.0,3\n2000,0.5,7\n"
