@@ -16,7 +16,6 @@ SNIP scores ~20x the decoder's, and one threshold empties the decoder).
 """
 
 import dataclasses
-import math
 import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -35,6 +34,7 @@ from pruning.scorers import (
     synflow_masks,
 )
 from qrl.errors import QrlInputError
+from qrl.ranges import POSITIVE
 
 SCORED_PRUNERS = ("snip", "grasp", "magnitude")  # the pruners whose masks come from scores
 # SynFlow's data-free input: `{network: (apply_fn(params, inputs [1, ...]) -> outputs, input_shape)}`.
@@ -63,9 +63,7 @@ class PruneSettings:
     def check(self, pruner: str) -> None:
         check_pruner(pruner)
         check_sparsity(self.sparsity)
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, numbers.Real) or not (
-                math.isfinite(self.temperature) and self.temperature > 0):
-            raise QrlInputError(f"temperature must be a finite number > 0, got {self.temperature}")
+        POSITIVE.check("temperature", self.temperature)
         check_min_kept_per_layer(self.min_kept_per_layer)
         if isinstance(self.synflow_iterations, bool) or not isinstance(self.synflow_iterations, numbers.Integral) \
                 or self.synflow_iterations < 1:

@@ -56,7 +56,6 @@ def override(config: ConfigT, values: Mapping[str, Any], agent_name: str) -> Con
             changes[name] = _convert(default, value)
         except (TypeError, ValueError, OverflowError):
             raise QrlInputError(f"{label} config {name}={value!r} is not a valid {type(default).__name__}") from None
-        check_field_value(name, changes[name], agent_name)
     return dataclasses.replace(config, **changes)
 
 

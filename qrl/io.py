@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import uuid
 from typing import Any, Optional, Union
 
@@ -18,6 +19,21 @@ import numpy as np
 from qrl.errors import QrlInputError
 
 PathLike = Union[str, os.PathLike]
+# Where a write is staged (`tmp`) or an old copy waits while its replacement is renamed in
+# (`old`): `.<name>.<32 hex digits>.<kind>` beside the target `<name>`.
+TEMP_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{32}\.(?P<kind>tmp|old)")
+
+
+def temp_sibling(path: PathLike, kind: str = "tmp") -> str:
+    """A fresh hidden sibling of `path` named as `TEMP_NAME` says."""
+    directory, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(directory, f".{name}.{uuid.uuid4().hex}.{kind}")
+
+
+def temp_target(entry: str) -> Optional[str]:
+    """The name a directory entry named like `temp_sibling`'s stands beside, else None."""
+    match = TEMP_NAME.fullmatch(entry)
+    return match.group("name") if match else None
 
 
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
@@ -29,7 +45,7 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    temp_path = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+    temp_path = temp_sibling(path)
     try:
         os.makedirs(directory, exist_ok=True)
         # Mode 0o666 lets the process umask decide permissions, as for a plain open().

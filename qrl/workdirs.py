@@ -22,7 +22,6 @@ Every refusal is a one-line `QrlInputError`.
 
 import datetime
 import os
-import re
 import shutil
 from typing import Collection, Optional, Sequence
 
@@ -43,8 +42,6 @@ RUN_OUTPUTS = {
     "actorq": ("config.json", "metrics.csv", "tb", "checkpoints", "results.json", "breakdown.png"),
 }
 
-# qrl.io's atomic writes go through `.<name>.<32 hex digits>.tmp` beside the target.
-_TEMP_FILE = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{32}\.tmp$")
 
 
 def claim(workdir: str, kind: str, overwrite: bool = False,
@@ -148,8 +145,7 @@ def remove_outputs(workdir: str) -> list[str]:
     listed = set(marker["entries"]) & set(RUN_OUTPUTS[marker["kind"]])
     removed = []
     for name in sorted(os.listdir(workdir)):
-        temp = _TEMP_FILE.match(name)
-        if name in listed or (temp is not None and temp.group("name") in listed):
+        if name in listed or io.temp_target(name) in listed:
             _remove(os.path.join(workdir, name))
             removed.append(name)
     return removed

@@ -27,7 +27,8 @@ from typing import Any, Optional
 import numpy as np
 
 from qrl.datasets import d4rl
-from qrl.datasets.writers import _step_arrays, remove_stale_temps, temp_sibling
+from qrl.datasets.writers import _step_arrays, remove_stale_temps
+from qrl.io import temp_sibling
 from qrl.errors import QrlInputError
 
 ROOT_VARIABLE = "MINARI_DATASETS_PATH"

@@ -9,24 +9,16 @@ are removed by the next write to the same path.
 """
 
 import os
-import re
 import shutil
-import uuid
 from typing import Any, Optional
 
 import numpy as np
 
 from qrl.datasets import d4rl
 from qrl.errors import QrlInputError
+from qrl.io import temp_sibling, temp_target
 
 STEP_KEYS = ("observations", "actions", "rewards", "terminals", "timeouts", "next_observations")
-
-
-def temp_sibling(path: str, kind: str = "tmp") -> str:
-    """A fresh hidden sibling of `path` named `.<name>.<32 hex>.<kind>`: where a write is staged
-    (`tmp`) or an old dataset waits while the new one is renamed in (`old`)."""
-    directory, name = os.path.split(os.path.abspath(path))
-    return os.path.join(directory, f".{name}.{uuid.uuid4().hex}.{kind}")
 
 
 def remove_stale_temps(path: str) -> list[str]:
@@ -35,9 +27,8 @@ def remove_stale_temps(path: str) -> list[str]:
     `old` sibling survived (a write killed between its two renames), the newest `old` sibling
     is renamed back to `path` first. Returns the removed paths."""
     directory, name = os.path.split(os.path.abspath(path))
-    pattern = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{32}}\.(tmp|old)")
     try:
-        entries = [entry for entry in os.listdir(directory) if pattern.fullmatch(entry)]
+        entries = [entry for entry in os.listdir(directory) if temp_target(entry) == name]
     except FileNotFoundError:
         return []
     olds = sorted((entry for entry in entries if entry.endswith(".old")),

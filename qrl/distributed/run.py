@@ -208,26 +208,22 @@ def prepare_workdir(workdir: str, config: ActorQConfig, resume: bool, overwrite:
     marker lists, and a non-empty directory qrl did not create is refused.
     """
     config_path = os.path.join(workdir, CONFIG_FILE)
-    workdirs.check_path(workdir)
-    if os.path.exists(config_path):
-        if resume:
-            workdirs.require_kind(workdir, ("actorq",), "--resume")
-            saved = io.read_json(config_path).get("actorq", {})
-            current = io.to_json_compatible(config.to_dict())
-            differing = sorted(
-                key for key in set(saved) | set(current)
-                if key not in RESUMABLE_FIELDS and saved.get(key) != current.get(key)
-            )
-            if differing:
-                details = ", ".join(f"{key} ({saved.get(key)!r} -> {current.get(key)!r})" for key in differing)
-                raise QrlInputError(f"--resume with a different config than the run in {workdir}: {details}")
-        else:
-            workdirs.claim(workdir, "actorq", overwrite,
-                           hint="pass --resume to continue it or --overwrite to replace its outputs")
-    elif resume:
+    if not resume:
+        workdirs.claim(workdir, "actorq", overwrite,
+                       hint="pass --resume to continue it or --overwrite to replace its outputs")
+    elif not os.path.exists(config_path):
         raise QrlInputError(f"--resume: {workdir} holds no ActorQ run")
     else:
-        workdirs.claim(workdir, "actorq")
+        workdirs.require_kind(workdir, ("actorq",), "--resume")
+        saved = io.read_json(config_path).get("actorq", {})
+        current = io.to_json_compatible(config.to_dict())
+        differing = sorted(
+            key for key in set(saved) | set(current)
+            if key not in RESUMABLE_FIELDS and saved.get(key) != current.get(key)
+        )
+        if differing:
+            details = ", ".join(f"{key} ({saved.get(key)!r} -> {current.get(key)!r})" for key in differing)
+            raise QrlInputError(f"--resume with a different config than the run in {workdir}: {details}")
     io.atomic_write_json(config_path, {"actorq": config.to_dict()})
 
 
