@@ -292,7 +292,8 @@ def _check_leaves(leaves: dict, expected: dict, what: str, non_negative: bool = 
             got = f"{leaf.dtype} {list(leaf.shape)}" if isinstance(leaf, np.ndarray) else type(leaf).__name__
             raise QrlInputError(f"{what} refused: {path} is {got}, expected {np.dtype(dtype)} {list(shape)}")
         if leaf.dtype.kind == "f" or dtype == _FLOAT_DTYPES["bf16"]:
-            values = leaf.astype(np.float32)
+            # fp32/fp16 leaves are checked in place (a pull's hot path); bf16 has no numpy ufuncs.
+            values = leaf if leaf.dtype.kind == "f" else leaf.astype(np.float32)
             if not np.isfinite(values).all():
                 raise QrlInputError(f"{what} refused: {path} holds NaN or infinite values")
             if non_negative and (values < 0).any():
