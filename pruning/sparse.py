@@ -113,7 +113,8 @@ def export_sparse(params, mask, format: str = "csr", precision: str = "fp32",
     masked = serialization.to_state_dict(jax.tree.map(np.asarray, apply_mask(params, mask)))
     activations = "dynamic" if input_ranges is None else "static"
     if precision == "int8":
-        stored = quantize_params(masked, parse_precision("int8", activations), input_ranges)
+        scheme = "int8" if input_ranges is not None else "int8-obst-dyn"  # per-feature scales need ranges.
+        stored = quantize_params(masked, parse_precision(scheme), input_ranges)
     else:
         stored = jax.tree.map(lambda leaf: np.asarray(leaf, np.float32), masked)
     kept = {path: np.asarray(flag, bool) for path, flag in _flatten(mask).items() if flag is not None}

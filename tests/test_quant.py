@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qrl.errors import QrlInputError
-from qrl.networks import MLP, Dense, NatureCNN
+from qrl.networks import MLP, Conv, Dense, NatureCNN
 from qrl.quant import (
     FP32,
     calibrate,
@@ -66,39 +66,43 @@ def test_zero_channel_gets_unit_scale_not_nan():
     np.testing.assert_array_equal(values, np.zeros((3, 2)))
 
 
-def test_activation_fake_quantization_hand_computed():
+def test_symmetric_activation_grid_hand_computed():
+    precision = parse_precision("int4-sym")
     x = jnp.array([0.1, -0.45, 1.0])
-    scale = ops.activation_scale(x, qmax=7)  # 1 / 7
+    scale, zero_point = ops.grid_range(jnp.min(x), jnp.max(x), precision)  # 1 / 7, 0
     np.testing.assert_allclose(scale, 1.0 / 7, rtol=1e-6)
-    # x / s = [0.7, -3.15, 7] -> [1, -3, 7]
-    np.testing.assert_allclose(ops.fake_quantize_activations(x, scale, 7), np.array([1, -3, 7]) / 7, rtol=1e-6)
-    np.testing.assert_allclose(ops.fake_quantize_activations(jnp.array([2.0]), scale, 7), [1.0])  # saturates
+    assert float(zero_point) == 0.0
+    # x / s = [0.7, -3.15, 7] -> [1, -3, 7]; 2.0 saturates at 7.
+    np.testing.assert_array_equal(ops.quantize_to_grid(x, scale, zero_point, precision, jnp.float32), [1, -3, 7])
+    np.testing.assert_array_equal(ops.quantize_to_grid(jnp.array([2.0, -2.0]), scale, 0.0, precision, jnp.float32),
+                                  [7, -7])
 
 
-def test_int8_dense_hand_computed():
+def test_legacy_int8_dense_hand_computed():
+    """`int8-obst-sym`: one symmetric per-tensor input scale, `y = (q · W) * s_in * s_w + b`."""
     x = jnp.array([[1.2, -2.0]])  # input scale 2/127 -> x_q = [round(76.2), -127] = [76, -127]
-    kernel = jnp.array([[10, -20], [30, 40]], jnp.int8)
-    kernel_scale = jnp.array([0.01, 0.02])
-    bias = jnp.array([0.5, -0.5])
-    input_scale = jnp.float32(2.0 / 127)
-    out = ops.int8_dense(x, kernel, kernel_scale, bias, input_scale)
+    params = {"kernel": jnp.array([[10, -20], [30, 40]], jnp.int8), "kernel_scale": jnp.array([0.01, 0.02]),
+              "bias": jnp.array([0.5, -0.5]), "input_scale": jnp.float32(2.0 / 127)}
+    out = Dense(2, precision=parse_precision("int8-obst-sym")).apply({"params": params}, x)
     accumulated = np.array([76 * 10 + (-127) * 30, 76 * (-20) + (-127) * 40])
     expected = accumulated * (2.0 / 127) * np.array([0.01, 0.02]) + np.array([0.5, -0.5])
     np.testing.assert_allclose(out[0], expected, rtol=1e-5)
 
 
-def test_int8_conv_matches_float_conv_of_quantized_operands():
+def test_dynamic_int8_conv_matches_float_conv_of_quantized_operands():
     key_x, key_w = jax.random.split(jax.random.PRNGKey(0))
-    x = jax.random.uniform(key_x, (2, 9, 9, 3), minval=-1.0, maxval=1.0)
-    kernel, kernel_scale = ops.quantize_weights(jax.random.normal(key_w, (3, 3, 3, 4)), parse_precision("int8"))
-    input_scale = ops.activation_scale(x, 127)
-    out = ops.int8_conv(x, kernel, kernel_scale, jnp.zeros(4), input_scale, (2, 2), "VALID")
-    x_dequantized = ops.fake_quantize_activations(x, input_scale, 127)
+    x = jax.random.uniform(key_x, (2, 9, 9, 3), minval=-1.0, maxval=2.0)
+    precision = parse_precision("int8-dyn")
+    kernel, kernel_scale = ops.quantize_weights(jax.random.normal(key_w, (3, 3, 3, 4)), precision)
+    params = {"kernel": kernel, "kernel_scale": kernel_scale, "bias": jnp.zeros(4)}
+    out = Conv(4, (3, 3), (2, 2), precision=precision).apply({"params": params}, x)
+    scale, zero_point = ops.grid_range(jnp.min(x), jnp.max(x), precision)  # affine: [-1, 2] onto 256 levels
+    x_dequantized = (ops.quantize_to_grid(x, scale, zero_point, precision, jnp.float32) - zero_point) * scale
     expected = jax.lax.conv_general_dilated(
         x_dequantized, ops.dequantize(kernel, kernel_scale), (2, 2), "VALID",
         dimension_numbers=("NHWC", "HWIO", "NHWC"), precision=jax.lax.Precision.HIGHEST,
     )
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
 def _jaxpr_equations(jaxpr):
@@ -192,15 +196,21 @@ def test_calibration_records_max_abs_input_per_layer():
     np.testing.assert_allclose(ranges["dense_0"]["input_absmax"], 3.0)
     hidden = jax.nn.relu(x @ params["dense_0"]["kernel"] + params["dense_0"]["bias"])
     np.testing.assert_allclose(ranges["dense_1"]["input_absmax"], np.max(np.abs(hidden)), rtol=1e-6)
-    quantized = quantize_params(params, parse_precision("int8"), ranges)
+    quantized = quantize_params(params, parse_precision("int8-obst-sym"), ranges)
     np.testing.assert_allclose(quantized["dense_0"]["input_scale"], 3.0 / 127, rtol=1e-6)
+    np.testing.assert_array_equal(ranges["dense_0"]["input_min"], [1.0, -3.0])
+    np.testing.assert_array_equal(ranges["dense_0"]["input_max"], [2.0, 0.5])
+    assert int(ranges["dense_0"]["role"]) == 1 and int(ranges["dense_1"]["role"]) == 2  # reads obs / output
 
 
 def test_static_scales_need_calibration():
     params = {"dense": {"kernel": np.ones((2, 2), np.float32), "bias": np.zeros(2, np.float32)}}
     with pytest.raises(QrlInputError, match="calibration"):
         quantize_params(params, parse_precision("int8"))
-    assert "input_scale" not in quantize_params(params, parse_precision("int8", "dynamic"))["dense"]
+    with pytest.raises(QrlInputError, match="calibration"):
+        quantize_params(params, parse_precision("int8-dyn"))  # per-feature observation scales are calibrated
+    assert "input_scale" not in quantize_params(params, parse_precision("int8-obst-dyn"))["dense"]
+    assert "input_scale" not in quantize_params(params, parse_precision("quarl_dyn8"))["dense"]
 
 
 @pytest.mark.parametrize("name", ["int1", "int17", "int0", "quarl1", "quarl33", "fp8", "int", "float32x", ""])
@@ -231,9 +241,10 @@ def test_serialization_round_trip_and_byte_counts():
     for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(quantized)):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
-    # kernel 12 int8 + kernel_scale 3 f32 + bias 3 f32 + input_scale 1 f32 = 12 + 28 bytes.
-    assert param_bytes(quantized) == 12 + 28
-    assert packed_param_bytes(quantized, parse_precision("int4")) == 6 + 28
+    # kernel 12 int8 + kernel_scale 3 f32 + bias 3 f32 + input_scale and input_zero_point 1 f32
+    # each (a bare Dense is a hidden layer: one scale) = 12 + 32 bytes.
+    assert param_bytes(quantized) == 12 + 32
+    assert packed_param_bytes(quantized, parse_precision("int4")) == 6 + 32
     assert param_bytes(params) == 12 * 4 + 3 * 4
 
 

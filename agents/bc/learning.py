@@ -53,7 +53,7 @@ class ActorOutputs(nn.Module):
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(observations)
-        return dense(features, self.outputs, self.precision, "head")
+        return dense(features, self.outputs, self.precision, "head", is_output=True)
 
 
 def head_outputs(config: Config, bounds) -> int:

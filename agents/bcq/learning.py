@@ -68,8 +68,8 @@ class Encoder(nn.Module):
     def __call__(self, observations: jax.Array, unit_actions: jax.Array, temperature=1.0):
         inputs = jnp.concatenate([observations, unit_actions], axis=-1)
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(inputs)
-        mean = dense(features, self.latent_size, self.precision, "mean") / temperature
-        log_std = dense(features, self.latent_size, self.precision, "log_std") / temperature
+        mean = dense(features, self.latent_size, self.precision, "mean", is_output=True) / temperature
+        log_std = dense(features, self.latent_size, self.precision, "log_std", is_output=True) / temperature
         return mean, jnp.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)
 
 
@@ -84,7 +84,7 @@ class Decoder(nn.Module):
     def __call__(self, observations: jax.Array, latents: jax.Array, temperature=1.0) -> jax.Array:
         inputs = jnp.concatenate([observations, latents.astype(observations.dtype)], axis=-1)
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(inputs)
-        return jnp.tanh(dense(features, self.action_size, self.precision, "head") / temperature)
+        return jnp.tanh(dense(features, self.action_size, self.precision, "head", is_output=True) / temperature)
 
 
 class Perturbation(nn.Module):
@@ -100,7 +100,7 @@ class Perturbation(nn.Module):
     def __call__(self, observations: jax.Array, unit_actions: jax.Array, temperature=1.0) -> jax.Array:
         inputs = jnp.concatenate([observations, unit_actions], axis=-1)
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(inputs)
-        shift = self.phi * jnp.tanh(dense(features, self.action_size, self.precision, "head") / temperature)
+        shift = self.phi * jnp.tanh(dense(features, self.action_size, self.precision, "head", is_output=True) / temperature)
         return jnp.clip(unit_actions + shift, -1.0, 1.0)
 
 

@@ -30,7 +30,7 @@ class QNetwork(nn.Module):
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = make_torso(self.torso, self.precision, self.hidden_sizes)(observations)
         if not self.dueling:
-            return Dense(self.num_actions, precision=self.precision, name="head")(features)
-        value = Dense(1, precision=self.precision, name="value")(features)
-        advantages = Dense(self.num_actions, precision=self.precision, name="advantage")(features)
+            return Dense(self.num_actions, precision=self.precision, name="head", is_output=True)(features)
+        value = Dense(1, precision=self.precision, name="value", is_output=True)(features)
+        advantages = Dense(self.num_actions, precision=self.precision, name="advantage", is_output=True)(features)
         return value + advantages - jnp.mean(advantages, axis=-1, keepdims=True)

@@ -79,7 +79,7 @@ class GaussianActorOutputs(nn.Module):
     def __call__(self, observations: jax.Array) -> tuple[jax.Array, jax.Array]:
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(observations)
         log_std = self.param("log_std", nn.initializers.zeros, (self.action_size,), jnp.float32)
-        return dense(features, self.action_size, self.precision, "head"), log_std
+        return dense(features, self.action_size, self.precision, "head", is_output=True), log_std
 
 
 class ValueNetwork(nn.Module):
@@ -91,7 +91,7 @@ class ValueNetwork(nn.Module):
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(observations)
-        return dense(features, 1, self.precision, "head")[..., 0]
+        return dense(features, 1, self.precision, "head", is_output=True)[..., 0]
 
 
 def make_actor_outputs(config: Config, bounds, precision: Precision = FP32) -> GaussianActorOutputs:

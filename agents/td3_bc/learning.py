@@ -66,7 +66,7 @@ class UnitActor(nn.Module):
     @nn.compact
     def __call__(self, observations: jax.Array, temperature=1.0) -> jax.Array:
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(observations)
-        return jnp.tanh(dense(features, self.action_size, self.precision, "head") / temperature)
+        return jnp.tanh(dense(features, self.action_size, self.precision, "head", is_output=True) / temperature)
 
 
 def make_unit_actor(config: Config, bounds, precision: Precision = FP32) -> UnitActor:

@@ -41,7 +41,9 @@ HEADER_ZLIB = 1
 ZLIB_LEVEL = 1
 
 _FLOAT_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(jnp.bfloat16)}
-_INT8 = parse_precision("int8", "dynamic")  # weight quantization is the same at either activation mode.
+# The int8 actors' scheme: one symmetric per-tensor scale per layer input (static or dynamic).
+INT8_STATIC, INT8_DYNAMIC = "int8-obst-sym", "int8-obst-sym-dyn"
+_INT8 = parse_precision(INT8_DYNAMIC)  # weight quantization is the same at either activation mode.
 # `decode`'s cap without a WeightSpec: far above any policy this project trains (a 256-256 MLP's
 # fp32 blob is ≈0.3 MiB, Atari's Nature CNN's ≈7 MiB), far below what a zip bomb inflates to.
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
@@ -62,7 +64,7 @@ def actor_network_precision(actor_precision: str, static_scales: bool) -> Precis
     dynamic activation scales; float precisions as named."""
     actor_precision = check_precision(actor_precision, ACTOR_PRECISIONS, "actor precision")
     if actor_precision == "int8":
-        return parse_precision("int8", "static" if static_scales else "dynamic")
+        return parse_precision(INT8_STATIC if static_scales else INT8_DYNAMIC)
     return parse_precision(actor_precision)
 
 
@@ -114,7 +116,7 @@ def _input_scale(ranges: Optional[Mapping], path: tuple) -> np.ndarray:
 
 
 def int8_params(params: Mapping, input_ranges: Optional[Mapping] = None) -> dict:
-    """fp32 params -> the int8 tree `quantize_params(params, parse_precision("int8", mode),
+    """fp32 params -> the int8 tree `quantize_params(params, parse_precision(INT8_<mode>),
     input_ranges)` returns (static mode when `input_ranges` is given, else dynamic), with every
     kernel quantized in one jitted call (≈5× faster than layer by layer)."""
     params = serialization.to_state_dict(params)
@@ -159,6 +161,18 @@ def _dequantized_params(params: Mapping, dtype: np.dtype) -> dict:
     return visit(params)
 
 
+def _absmax_ranges(input_ranges: Mapping) -> dict:
+    """`calibrate`'s tree cut to what int8 actors use: each layer's `input_absmax`."""
+    tree = serialization.to_state_dict(input_ranges)
+
+    def visit(node: Mapping) -> dict:
+        if INPUT_ABSMAX in node:
+            return {INPUT_ABSMAX: node[INPUT_ABSMAX]}
+        return {key: visit(child) for key, child in node.items() if isinstance(child, Mapping)}
+
+    return visit(tree)
+
+
 def encode(params: Mapping, comm_precision: str, input_ranges: Optional[Mapping] = None,
            compress: bool = False) -> bytes:
     """fp32 policy params -> a blob at `comm_precision` (see the module docstring).
@@ -172,7 +186,7 @@ def encode(params: Mapping, comm_precision: str, input_ranges: Optional[Mapping]
         tree = int8_params(params, input_ranges)
     else:
         tree = _cast_tree(params, _FLOAT_DTYPES[precision])
-    ranges = _cast_tree(input_ranges, np.dtype(np.float32)) if input_ranges is not None else {}
+    ranges = _cast_tree(_absmax_ranges(input_ranges), np.dtype(np.float32)) if input_ranges is not None else {}
     payload = serialization.msgpack_serialize(
         {"format": FORMAT, "precision": precision, "params": tree, "input_ranges": ranges}
     )

@@ -77,10 +77,11 @@ def _dense_backward(dtype, residuals, y_cotangent: jax.Array):
     return {"params": params_cotangent}, x_cotangent.astype(x.dtype)
 
 
-def dense(x: jax.Array, features: int, precision: Precision, name: str) -> jax.Array:
+def dense(x: jax.Array, features: int, precision: Precision, name: str, reads_observation: bool = False,
+          is_output: bool = False) -> jax.Array:
     """`Dense(features, precision, name)(x)` inside a compact module; at bf16/fp16 its
     backward matmuls run at that dtype too (see the module docstring)."""
-    layer = Dense(features, precision=precision, name=name)
+    layer = Dense(features, precision=precision, name=name, reads_observation=reads_observation, is_output=is_output)
     if not _low_precision_float(precision):
         return layer(x)
     call = nn.custom_vjp(
@@ -102,7 +103,7 @@ class TrainingMLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for index, size in enumerate(self.hidden_sizes):
-            x = self.activation(dense(x, size, self.precision, f"dense_{index}"))
+            x = self.activation(dense(x, size, self.precision, f"dense_{index}", reads_observation=index == 0))
         return x
 
 
@@ -118,7 +119,7 @@ class DeterministicActor(nn.Module):
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(observations)
-        pre_tanh = dense(features, len(self.action_low), self.precision, "head")
+        pre_tanh = dense(features, len(self.action_low), self.precision, "head", is_output=True)
         return scale_actions(jnp.tanh(pre_tanh), self.action_low, self.action_high)
 
 
@@ -141,7 +142,7 @@ class GaussianActor(nn.Module):
     def __call__(self, observations: jax.Array):
         action_dim = len(self.action_low)
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(observations)
-        head = dense(features, 2 * action_dim, self.precision, "head")
+        head = dense(features, 2 * action_dim, self.precision, "head", is_output=True)
         mean = head[..., :action_dim]
         if self.deterministic:
             return scale_actions(jnp.tanh(mean), self.action_low, self.action_high)
@@ -167,7 +168,7 @@ class Critic(nn.Module):
         unit_actions = unscale_actions(actions, self.action_low, self.action_high)
         inputs = jnp.concatenate([observations.astype(jnp.float32), unit_actions], axis=-1)
         features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(inputs)
-        outputs = dense(features, self.num_outputs, self.precision, "head")
+        outputs = dense(features, self.num_outputs, self.precision, "head", is_output=True)
         return outputs[..., 0] if self.num_outputs == 1 else outputs
 
 

@@ -11,7 +11,8 @@ from qrl.quant.precision import FP32, Precision
 
 
 class MLP(nn.Module):
-    """Multi-layer perceptron `[..., D] -> [..., hidden_sizes[-1]]`."""
+    """Multi-layer perceptron `[..., D] -> [..., hidden_sizes[-1]]`; its first layer reads the
+    observation, and without `activate_final` its last layer is the network's output."""
 
     hidden_sizes: Sequence[int]
     precision: Precision = FP32
@@ -21,7 +22,9 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for index, size in enumerate(self.hidden_sizes):
-            x = Dense(size, precision=self.precision, name=f"dense_{index}")(x)
+            last = index == len(self.hidden_sizes) - 1
+            x = Dense(size, precision=self.precision, name=f"dense_{index}", reads_observation=index == 0,
+                      is_output=last and not self.activate_final)(x)
             if index < len(self.hidden_sizes) - 1 or self.activate_final:
                 x = self.activation(x)
         return x
@@ -48,6 +51,7 @@ class NatureCNN(nn.Module):
                 (stride, stride),
                 precision=self.precision,
                 name=f"conv_{index}",
+                reads_observation=index == 0,
             )(x)
             x = nn.relu(x)
         x = x.reshape(x.shape[:-3] + (-1,))
@@ -67,7 +71,7 @@ class MinAtarCNN(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(jnp.float32)
-        x = nn.relu(Conv(16, (3, 3), (1, 1), precision=self.precision, name="conv_0")(x))
+        x = nn.relu(Conv(16, (3, 3), (1, 1), precision=self.precision, name="conv_0", reads_observation=True)(x))
         x = x.reshape(x.shape[:-3] + (-1,))
         return nn.relu(Dense(self.dense_size, precision=self.precision, name="dense")(x))
 

@@ -1,24 +1,23 @@
-"""Quantization arithmetic: weight quantizers, activation (fake) quantization, int8 kernels.
+"""Quantization arithmetic: weight quantizers, activation grids, integer contractions.
 
 Weights are `[..., out]` (dense `[in, out]`, conv `[H, W, in, out]`); per-output-channel scales
-have shape `[out]`, per-tensor scales shape `[]`. Real = values * scale.
+have shape `[out]`, per-tensor scales shape `[]`. Real = values * scale. Activations live on a
+grid of integers `[qmin, qmax]` with a scale and a zero point: real = (q - zero_point) * scale.
 
-The int8 kernels are written on `lax.dot_general` / `lax.conv_general_dilated` with
+The int8 kernels (`integer_contract`, used by `qrl.networks.layers`) are written on `lax.dot_general` / `lax.conv_general_dilated` with
 `preferred_element_type=int32` rather than through AQT: AQT's SERVE path casts convolutions back
 to float32, and one path for dense and conv keeps the quantized parameter pytree a plain
 `{int values, float scales}` dict that serializes without AQT's freezer state.
 """
 
 import functools
-from typing import Optional, Sequence
-
 import jax
 import jax.numpy as jnp
-from jax import lax
+import numpy as np
 
 from qrl.quant.precision import Precision
 
-CALIBRATION = "calibration"  # flax collection where fp32 layers record max |input|.
+CALIBRATION = "calibration"  # flax collection where fp32 layers record their input ranges.
 
 
 def _safe_scale(scale: jax.Array) -> jax.Array:
@@ -67,16 +66,6 @@ def activation_scale(x: jax.Array, qmax: int) -> jax.Array:
     return _safe_scale(jnp.max(jnp.abs(x)).astype(jnp.float32) / qmax)
 
 
-def quantize_activations(x: jax.Array, scale: jax.Array, qmax: int, dtype) -> jax.Array:
-    """Float activations -> integers in [-qmax, qmax] of `dtype` (values saturate)."""
-    return jnp.clip(jnp.round(x.astype(jnp.float32) / scale), -qmax, qmax).astype(dtype)
-
-
-def fake_quantize_activations(x: jax.Array, scale: jax.Array, qmax: int) -> jax.Array:
-    """Rounds float activations onto the integer grid of `scale` and maps them back to float."""
-    return quantize_activations(x, scale, qmax, jnp.float32) * scale
-
-
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
 def fake_quantize_ste(x: jax.Array, scale: jax.Array, qmax: int) -> jax.Array:
     """`scale * clip(round(x / scale), -qmax, qmax)` forward; identity gradient with respect to
@@ -95,54 +84,48 @@ def _fake_quantize_ste_jvp(qmax, primals, tangents):
     return fake_quantize_ste(x, scale, qmax), x_dot
 
 
-def int8_dense(
-    x: jax.Array,
-    kernel: jax.Array,
-    kernel_scale: jax.Array,
-    bias: jax.Array,
-    input_scale: jax.Array,
-) -> jax.Array:
-    """int8 dense layer: `x [..., in]` float -> `[..., out]` float32.
+def grid_range(low, high, precision: Precision):
+    """Scale and zero point mapping `[low, high]` (widened to contain 0) onto the activation grid
+    `[qmin, qmax]` of `precision`; numpy or jax arrays of any (matching) shape.
 
-    The input is quantized per tensor with `input_scale`, multiplied by the int8 kernel
-    `[in, out]` with int32 accumulation, then rescaled by `input_scale * kernel_scale [out]`.
+    affine: `scale = (high - low) / (2^bits - 1)`, `zero_point = round(qmin - low / scale)`, so
+    0 is exactly representable and a non-negative input uses all 2^bits levels (unsigned grid).
+    symmetric: `scale = max(|low|, |high|) / qmax`, zero point 0. A zero range gets scale 1.
     """
-    x_q = quantize_activations(x, input_scale, 127, jnp.int8)
-    accumulated = lax.dot_general(
-        x_q,
-        kernel,
-        (((x_q.ndim - 1,), (0,)), ((), ())),
-        preferred_element_type=jnp.int32,
-    )
-    return accumulated.astype(jnp.float32) * (input_scale * kernel_scale) + bias
+    xp = jnp if isinstance(low, jax.Array) or isinstance(high, jax.Array) else np
+    low = xp.minimum(xp.asarray(low, xp.float32), 0.0)
+    high = xp.maximum(xp.asarray(high, xp.float32), 0.0)
+    qmin, qmax = precision.activation_qmin, precision.activation_qmax
+    if precision.grid == "affine":
+        scale = (high - low) / (qmax - qmin)
+        scale = xp.where(scale > 0, scale, xp.ones_like(scale)).astype(xp.float32)
+        zero_point = xp.clip(xp.round(qmin - low / scale), qmin, qmax).astype(xp.float32)
+        return scale, zero_point
+    scale = xp.maximum(-low, high) / qmax
+    scale = xp.where(scale > 0, scale, xp.ones_like(scale)).astype(xp.float32)
+    return scale, xp.zeros_like(scale)
 
 
-def int8_conv(
-    x: jax.Array,
-    kernel: jax.Array,
-    kernel_scale: jax.Array,
-    bias: jax.Array,
-    input_scale: jax.Array,
-    strides: Sequence[int],
-    padding: str,
-) -> jax.Array:
-    """int8 2-D convolution, NHWC input `[B, H, W, C]` and HWIO kernel -> `[B, H', W', O]` f32."""
-    x_q = quantize_activations(x, input_scale, 127, jnp.int8)
-    accumulated = lax.conv_general_dilated(
-        x_q,
-        kernel,
-        window_strides=tuple(strides),
-        padding=padding,
-        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        preferred_element_type=jnp.int32,
-    )
-    return accumulated.astype(jnp.float32) * (input_scale * kernel_scale) + bias
+def quantize_to_grid(x: jax.Array, scale: jax.Array, zero_point: jax.Array, precision: Precision, dtype) -> jax.Array:
+    """`clip(round(x / scale) + zero_point, qmin, qmax)` in `dtype`; scale and zero point `[]` or
+    per feature (`[in]`, the last axis of x)."""
+    q = jnp.round(x.astype(jnp.float32) / scale) + zero_point
+    return jnp.clip(q, precision.activation_qmin, precision.activation_qmax).astype(dtype)
 
 
-def input_scale_for(
-    x: jax.Array, precision: Precision, static_scale: Optional[jax.Array]
-) -> jax.Array:
-    """The activation scale a quantized layer uses: the calibrated one or a dynamic one."""
-    if precision.activations == "static":
-        return static_scale
-    return activation_scale(x, precision.activation_qmax)
+def zero_point_correction(kernel: jax.Array, zero_point: jax.Array) -> jax.Array:
+    """`sum_i zero_point[i] * kernel[..., i, out]` `[out]` (int32 for int8 kernels, float32
+    otherwise): what a grid with zero point adds to every output of an integer dot/convolution
+    (VALID convolutions only: every window covers the whole kernel)."""
+    accumulate = jnp.int32 if kernel.dtype == jnp.int8 else jnp.float32  # wider kernels would overflow int32.
+    column_sums = jnp.sum(kernel.astype(accumulate), axis=tuple(range(kernel.ndim - 2)))  # [in, out]
+    weighted = jnp.reshape(jnp.asarray(zero_point).astype(accumulate), (-1, 1)) * column_sums
+    return jnp.sum(weighted, axis=0)
+
+
+def integer_contract(x_q: jax.Array, kernel: jax.Array, contract) -> jax.Array:
+    """`contract(x_q, kernel)` of grid integers: int8×int8→int32 when both are int8 (a real
+    integer kernel), float32 arithmetic on the same integer values otherwise."""
+    if x_q.dtype == jnp.int8 and kernel.dtype == jnp.int8:
+        return contract(x_q, kernel, jnp.int32)
+    return contract(x_q.astype(jnp.float32), kernel.astype(jnp.float32), jnp.float32)

@@ -38,8 +38,9 @@ def qat_precision(bits: int) -> Precision:
 
 
 def serving_precision(bits: int, activations: str = "dynamic") -> Precision:
-    """`int<bits>` with the given activation scales: what a `qat<bits>` network exports to."""
-    return parse_precision(f"int{bits}", activations)
+    """`int<bits>-obst-sym` with the given activation scales: what a `qat<bits>` network exports
+    to (one symmetric per-tensor scale per layer input, as the QAT forward pass rounds)."""
+    return parse_precision(f"int{bits}-obst-sym", activations)
 
 
 def check_quant_delay(quant_delay: int, steps: int) -> None:
