@@ -27,8 +27,9 @@ flags.DEFINE_string("env", "gym:CartPole-v1", "Environment id (discrete actions)
 flags.DEFINE_integer("steps", 50_000, "DQN training steps.")
 flags.DEFINE_integer("seed", 0, "Training seed.")
 flags.DEFINE_integer("episodes", 10, "Evaluation episodes per precision.")
-flags.DEFINE_string("precisions", "fp32,fp16,bf16,int8,int6,int4,int3,int2,quarl8,quarl4,quarl2",
-                    "Precisions of the PTQ sweep.")
+flags.DEFINE_string("precisions", "fp32,fp16,bf16,quarl_fp16,quarl8,quarl6,quarl4,quarl2,quarl_dyn8,"
+                    "int8,int6,int4,int3,int2,int4-e8",
+                    "Precisions of the PTQ sweep: QuaRL's schemes and qrl's W+A scheme side by side.")
 
 
 def _plot_learning_curve(results: dict, path: str) -> None:
@@ -74,9 +75,12 @@ def run() -> None:
         "",
         "## Post-training quantization",
         "",
-        "Each precision runs the same network definition on quantized parameters: `int8` is real "
-        "int8×int8→int32 arithmetic with static activation scales calibrated on fp32 rollouts; other "
-        "`int<N>` fake-quantize weights and activations; `quarl<N>` is QuaRL's weight-only rule.",
+        "Each precision runs the same network definition on quantized parameters. Two families side by "
+        "side (README, \"Quantization schemes\"): QuaRL's — `quarl<N>` its weight-only rule, `quarl_fp16` "
+        "fp16 weights, `quarl_dyn8` dynamic-range int8 as its actors ran it — and qrl's weights + activations "
+        "scheme `int<N>`: static scales calibrated on fp32 rollouts, per-feature scales for the observation, "
+        "an affine (unsigned for ReLU outputs) activation grid, `-e8` for 8-bit first and last layers. "
+        "`int8` and `quarl_dyn8` run real int8×int8→int32 arithmetic; other widths simulate it.",
         "",
         markdown_table(sweep),
         "",

@@ -15,13 +15,15 @@ from launch import common, runs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A launch.train run directory (required).")
-flags.DEFINE_string("precisions", "fp32,fp16,bf16,int8,int4,int2",
-                    "Comma-separated: fp32, fp16, bf16, int<N> (N in 2..16; int8 runs real int8 kernels, other N "
-                    "fake-quantize weights and activations), quarl<N> (QuaRL's weight-only rule).")
+flags.DEFINE_string("precisions", "fp32,fp16,bf16,quarl_fp16,quarl8,quarl4,quarl_dyn8,int8,int4,int4-e8,int2",
+                    "Comma-separated schemes (README, 'Quantization schemes'): fp32, bf16, fp16; QuaRL's quarl<N> "
+                    "(weight-only), quarl_fp16, quarl_dyn8; qrl's int<N>[-e<M>][-obst|-obsf][-sym][-dyn] (N in 2..16; "
+                    "int8 runs real int8 kernels, other N simulate them).")
 flags.DEFINE_integer("episodes", 10, "Evaluation episodes per precision (episode i uses env seed seed+i).")
 flags.DEFINE_integer("seed", 0, "First evaluation environment seed.")
 flags.DEFINE_enum("activations", "static", ["static", "dynamic"],
-                  "Activation scales of integer precisions: calibrated on fp32 rollouts, or computed per call.")
+                  "Default activation scales of int<N> schemes without -dyn: calibrated on fp32 rollouts, or "
+                  "computed per call.")
 flags.DEFINE_integer("calibration_steps", 2048, "fp32 rollout states used to calibrate static scales.")
 flags.DEFINE_integer("divergence_steps", 2048, "fp32 rollout states on which action divergence is measured.")
 flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/ptq).")

@@ -2,7 +2,7 @@
 and with quantization-aware training, quantize after training, and report.
 
     python -m launch.quarl_study --workdir=runs/quarl --agents=dqn,ppo,a2c --envs=gym:CartPole-v1 \\
-        --seeds=0,1,2 --precisions=fp32,fp16,bf16,int8,int6,int4,int3,int2 --qat_bits=8,4
+        --seeds=0,1,2 --precisions=fp32,fp16,bf16,quarl8,quarl4,quarl_dyn8,int8,int4,int4-e8 --qat_bits=8,4
     python -m launch.quarl_study --workdir=runs/quarl_pendulum --agents=ddpg,d4pg,sac,td3 \\
         --envs=gym:Pendulum-v1 --seeds=0
 
@@ -21,9 +21,10 @@ flags.DEFINE_string("workdir", None, "Study directory (required).")
 flags.DEFINE_string("agents", "dqn", "Comma-separated algorithms.")
 flags.DEFINE_string("envs", "gym:CartPole-v1", "Comma-separated environment ids.")
 flags.DEFINE_string("seeds", "0", "Comma-separated training seeds.")
-flags.DEFINE_string("precisions", "fp32,fp16,bf16,int8,int6,int4,int3,int2",
-                    "Post-training precisions (fp32, fp16, bf16, int<N>, quarl<N>).")
-flags.DEFINE_string("qat_bits", "8", "Comma-separated QAT bit widths (2..8); empty for none.")
+flags.DEFINE_string("precisions", studies.STUDY_PRECISIONS,
+                    "Post-training precisions, both families (README, 'Quantization schemes'): QuaRL's "
+                    "quarl<N>, quarl_fp16, quarl_dyn8 and qrl's int<N>[-e<M>][-obst|-obsf][-sym][-dyn].")
+flags.DEFINE_string("qat_bits", "8,6,4", "Comma-separated QAT bit widths (2..8); empty for none.")
 flags.DEFINE_float("quant_delay_fraction", 0.5, "QAT: fraction of training spent in fp32 before fake quantization.")
 flags.DEFINE_integer("steps", None, "Environment steps per training run (default: a small per-task budget).")
 flags.DEFINE_integer("episodes", 10, "Evaluation episodes per precision and seed.")

@@ -6,8 +6,8 @@ Each cell of the grid is one training run plus its evaluation, in its own direct
 - `fp32` cells train in fp32 (`launch.train`) and run the post-training quantization sweep
   over the study's precisions (`launch.ptq`, static activation scales).
 - `qat<N>` cells train with N-bit quantization-aware training after a quantization delay, then
-  evaluate the policy exported to `int<N>` serving with dynamic activation scales — the numerics
-  it trained with (`launch.ptq --precisions=int<N> --activations=dynamic`).
+  evaluate the policy exported to its serving precision (`qrl.quant.serving_precision`) — the
+  numerics it trained with (`launch.ptq --precisions=<serving precision>`).
 
 Cells run as subprocesses (each picks its own XLA threading and frees its memory) and are
 skipped when their outputs exist, so an interrupted study resumes where it stopped; a training
@@ -26,7 +26,7 @@ from launch import common, runs
 from qrl import envs, io, workdirs
 from qrl.config import QAT_MAX_BITS, QAT_MIN_BITS
 from qrl.errors import QrlInputError
-from qrl.quant import parse_precisions
+from qrl.quant import parse_precisions, serving_precision
 from qrl.quant import study_report
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +51,12 @@ DEFAULT_STEPS: dict[tuple[str, str], int] = {
     ("ppo", "gymnax:Breakout-MinAtar"): 1_000_000,
 }
 FALLBACK_STEPS = 100_000
+# Both families side by side: QuaRL's (weight-only quarl<N>, its fp16 and dynamic int8) and qrl's
+# weights + activations scheme at every width, with 8-bit edge layers at the narrow ones.
+STUDY_PRECISIONS = ",".join([
+    "fp32", "fp16", "bf16", "quarl_fp16", *(f"quarl{bits}" for bits in range(8, 1, -1)), "quarl_dyn8",
+    *(f"int{bits}" for bits in range(8, 1, -1)), "int4-e8", "int3-e8", "int2-e8",
+])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +228,7 @@ def run_cell(
     eval_dir = os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
     if not os.path.exists(os.path.join(eval_dir, runs.RESULTS_FILE)):
         if cell.qat_bits:
-            args = [f"--precisions=int{cell.qat_bits}", "--activations=dynamic"]
+            args = [f"--precisions={serving_precision(cell.qat_bits).name}"]
         else:
             args = [f"--precisions={precisions}", "--activations=static"]
         args += [f"--workdir={train_dir}", f"--episodes={episodes}", f"--out={eval_dir}", *eval_args]

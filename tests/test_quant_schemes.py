@@ -8,7 +8,7 @@ import pytest
 
 from qrl.errors import QrlInputError
 from qrl.networks import MLP, Dense
-from qrl.quant import calibrate, parse_precision, parse_precisions, quantize_params
+from qrl.quant import calibrate, packed_param_bytes, parse_precision, parse_precisions, quantize_params
 from qrl.quant import ops
 from tests.test_quant import _integer_ops
 
@@ -191,3 +191,13 @@ def test_schemes_track_fp32_closely_at_eight_bits_or_with_eight_bit_edges(name):
     reference = network.apply({"params": params}, observations)
     error = float(jnp.max(jnp.abs(out - reference)) / jnp.max(jnp.abs(reference)))
     assert error < (0.25 if name == "int4-e8" else 0.05)
+
+
+def test_packed_bytes_count_edge_layers_at_the_edge_width():
+    observations = np.asarray(jax.random.normal(jax.random.PRNGKey(5), (64, 5)))
+    _, params, ranges = _mlp_and_ranges(observations)
+    precision = parse_precision("int4-e8")
+    quantized = quantize_params(params, precision, ranges)
+    float_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(quantized) if leaf.dtype.kind == "f")
+    kernel_bits = 5 * 32 * 8 + 32 * 32 * 4 + 32 * 3 * 8  # edges at 8 bits, the middle layer at 4
+    assert packed_param_bytes(quantized, precision) == float_bytes + kernel_bits // 8

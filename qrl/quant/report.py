@@ -43,6 +43,27 @@ def markdown_table(sweep: Mapping) -> str:
     return "\n".join(lines)
 
 
+SCHEME_LABELS = {
+    "float": "fp32 / fp16 / bf16 / quarl_fp16",
+    "quarl": "QuaRL rule (weights only)",
+    "quarl_dyn": "QuaRL dynamic int8",
+    "int": "qrl W+A (static, per-feature obs, affine)",
+}
+SCHEME_MARKERS = {"float": "o", "quarl": "^", "quarl_dyn": "D", "int": "s"}
+
+
+def scheme_label(family: str) -> str:
+    """A legend label for a scheme family (`Precision.scheme`), e.g. `int-e8-dyn` -> `qrl W+A int-e8-dyn`."""
+    return SCHEME_LABELS.get(family, f"qrl W+A {family}")
+
+
+def scheme_series(rows) -> list:
+    """`[(family, rows sorted by bits), ...]` in first-seen order: one plot series per scheme."""
+    families = list(dict.fromkeys(row["family"] for row in rows))
+    return [(family, sorted((row for row in rows if row["family"] == family), key=lambda row: row["bits"]))
+            for family in families]
+
+
 def plot_sweetspot(sweep: Mapping, path: Optional[str] = None, title: Optional[str] = None) -> Figure:
     """Mean return (± std) against bits per weight, one series per quantization family; the
     fp32 return is a dashed reference line. Saved atomically to `path` when given.
@@ -52,19 +73,14 @@ def plot_sweetspot(sweep: Mapping, path: Optional[str] = None, title: Optional[s
     """
     figure = Figure(figsize=(6.4, 4.2))
     axis = figure.add_subplot()
-    families = {"float": ("fp32 / fp16 / bf16", "o"), "symmetric": ("int-N (weights + activations)", "s"),
-                "quarl": ("QuaRL rule (weights only)", "^")}
-    for family, (label, marker) in families.items():
-        rows = sorted((row for row in sweep["results"] if row["family"] == family), key=lambda row: row["bits"])
-        if not rows:
-            continue
+    for family, rows in scheme_series(sweep["results"]):
         axis.errorbar(
             [row["bits"] for row in rows],
             [row["mean_return"] for row in rows],
             yerr=[row["std_return"] for row in rows],
-            marker=marker,
+            marker=SCHEME_MARKERS.get(family, "s"),
             capsize=3,
-            label=label,
+            label=scheme_label(family),
             linestyle="none" if family == "float" else "-",
         )
         seen_bits: dict = {}

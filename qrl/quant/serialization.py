@@ -38,14 +38,16 @@ def param_bytes(params: Mapping[str, Any]) -> int:
 
 def packed_param_bytes(params: Mapping[str, Any], precision: Precision) -> int:
     """Bytes if integer kernels were bit-packed at `precision.packed_bits` (other leaves as
-    stored). For int8 and float precisions this equals `param_bytes`."""
+    stored); a kernel of an edge layer (`-e<M>`, recognised by values beyond the narrow width's
+    largest) at the edge width. For int8 and float precisions this equals `param_bytes`."""
     if precision.is_float:
         return param_bytes(params)
     total_bits = 0
     for leaf in jax.tree.leaves(params):
         leaf = np.asarray(leaf)
         if np.issubdtype(leaf.dtype, np.integer):
-            total_bits += leaf.size * precision.packed_bits
+            wide = precision.edge_bits is not None and leaf.size and np.abs(leaf).max() > precision.weight_qmax
+            total_bits += leaf.size * (precision.edge_bits if wide else precision.packed_bits)
         else:
             total_bits += leaf.nbytes * 8
     return int(-(-total_bits // 8))

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from qrl import io
-from qrl.quant import ops
+from qrl.quant import ops, report
 from qrl.quant.precision import Precision
 
 PTQ_DIR, QAT_EVAL_DIR, TRAIN_DIR = "ptq", "qat_eval", "train"
@@ -43,7 +43,7 @@ def gather(cells: Sequence[Mapping[str, Any]]) -> list[dict]:
                               "train_seconds": train["train_seconds"]})
         if cell["qat_bits"]:
             sweep = io.read_json(os.path.join(cell["dir"], QAT_EVAL_DIR, RESULTS_FILE))
-            served = next(row for row in sweep["results"] if row["precision"] == f"int{cell['qat_bits']}")
+            served = next(row for row in sweep["results"] if row["precision"] != "fp32")
             float_row = next(row for row in sweep["results"] if row["precision"] == "fp32")
             entry = pair["qat"].setdefault(cell["qat_bits"], {"returns": [], "float_returns": [], "rows": []})
             entry["returns"] += served["returns"]
@@ -105,6 +105,49 @@ def _fmt(value: Optional[float], digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+E_TOLERANCE = 0.05  # |E| a precision may lose and still count as keeping the fp32 return.
+
+
+def lowest_bits(rows: Sequence[Mapping], tolerance: float = E_TOLERANCE) -> Optional[int]:
+    """The fewest bits `b` of one scheme's rows such that every measured width >= b keeps
+    |E| <= tolerance (None if even the widest does not): noise at one width below cannot make a
+    narrower width count."""
+    widths = sorted({row["bits"] for row in rows}, reverse=True)
+    best = None
+    for bits in widths:
+        errors = [row["relative_error"] for row in rows if row["bits"] == bits]
+        if any(error is None or abs(error) > tolerance for error in errors):
+            break
+        best = bits
+    return best
+
+
+def lowest_bits_table(pairs: Sequence[Mapping], tolerance: float = E_TOLERANCE) -> str:
+    """Per algorithm/environment and scheme: the lowest bit width keeping |E| <= tolerance, and
+    which schemes keep it at 8 bits (the study's goal: at least one per cell)."""
+    schemes = list(dict.fromkeys(row["family"] for pair in pairs for row in pair["ptq"] if row["family"] != "float"))
+    has_qat = any(pair["qat"] for pair in pairs)
+    header = ["algorithm", "environment", *schemes, *(["qat"] if has_qat else []), f"|E| ≤ {tolerance:.0%} at 8 bits"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for pair in pairs:
+        cells = [pair["agent"], pair["env"]]
+        at_eight = []
+        for scheme in schemes:
+            rows = [row for row in pair["ptq"] if row["family"] == scheme]
+            bits = lowest_bits(rows, tolerance) if rows else None
+            cells.append("–" if not rows else (str(bits) if bits is not None else "none"))
+            if bits is not None and bits <= 8 and any(row["bits"] == 8 for row in rows):
+                at_eight.append(scheme)
+        if has_qat:
+            bits = lowest_bits(pair["qat"], tolerance) if pair["qat"] else None
+            cells.append("–" if not pair["qat"] else (str(bits) if bits is not None else "none"))
+            if bits is not None and bits <= 8 and any(row["bits"] == 8 for row in pair["qat"]):
+                at_eight.append("qat")
+        cells.append(", ".join(at_eight) if at_eight else "**none**")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def summary_table(pairs: Sequence[Mapping]) -> str:
     """QuaRL-style overview: fp32 return and E per precision for every algorithm/environment."""
     precisions = list(dict.fromkeys(row["precision"] for pair in pairs for row in pair["ptq"] if row["precision"] != "fp32"))
@@ -122,24 +165,31 @@ def summary_table(pairs: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
+def _seed_spread(row: Mapping) -> str:
+    """Mean ± std over seeds of each seed's mean return (n seeds)."""
+    means = np.asarray(row["seed_means"], np.float64)
+    return f"{means.mean():.1f} ± {means.std():.1f} (n={means.size})"
+
+
 def pair_table(pair: Mapping) -> str:
     """Every precision of one algorithm/environment: return, E, divergence, bytes, latency."""
     categorical = pair["divergence"] == "categorical"
     divergence = ["KL", "agreement"] if categorical else ["mean action distance"]
-    header = ["precision", "bits", "return (mean ± std)", "E", *divergence, "bytes (packed)", "bytes / fp32",
+    header = ["precision", "bits", "return (mean ± std)", "seed means (mean ± std)", "E", *divergence,
+              "bytes (packed)", "bytes / fp32",
               "latency b1 / b256 vs fp32"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in pair["ptq"]:
         div = [_fmt(row["kl_divergence"], 4), _fmt(row["action_agreement"])] if categorical else [_fmt(row["mean_action_distance"], 4)]
         lines.append("| " + " | ".join([
             row["precision"], str(row["bits"]), f"{row['mean_return']:.1f} ± {row['std_return']:.1f}",
-            _fmt(row["relative_error"]), *div, f"{row['param_bytes']:,} ({row['packed_param_bytes']:,})",
+            _seed_spread(row), _fmt(row["relative_error"]), *div, f"{row['param_bytes']:,} ({row['packed_param_bytes']:,})",
             _fmt(row["bytes_ratio_to_fp32"]), f"{_fmt(row['latency_ratio_batch1'], 2)} / {_fmt(row['latency_ratio_batch256'], 2)}",
         ]) + " |")
     for row in pair["qat"]:
         lines.append("| " + " | ".join([
             f"{row['precision']} (delay {row['quant_delay']:,})", str(row["bits"]),
-            f"{row['mean_return']:.1f} ± {row['std_return']:.1f}", _fmt(row["relative_error"]),
+            f"{row['mean_return']:.1f} ± {row['std_return']:.1f}", _seed_spread(row), _fmt(row["relative_error"]),
             *(["–"] * len(divergence)), f"{row['param_bytes']:,} ({row['packed_param_bytes']:,})", "–", "–",
         ]) + " |")
     return "\n".join(lines)
@@ -149,13 +199,10 @@ def plot_pair_sweetspot(pair: Mapping, path: Optional[str] = None) -> Figure:
     """Return vs bits: PTQ int-N (weights + activations), float precisions, QAT exports, fp32 line."""
     figure = Figure(figsize=(6.0, 4.0))
     axis = figure.add_subplot()
-    for family, label, marker in (("float", "fp32 / fp16 / bf16", "o"), ("symmetric", "PTQ int-N", "s"),
-                                  ("quarl", "PTQ QuaRL rule", "^")):
-        rows = sorted((row for row in pair["ptq"] if row["family"] == family), key=lambda row: row["bits"])
-        if rows:
-            axis.errorbar([row["bits"] for row in rows], [row["mean_return"] for row in rows],
-                          yerr=[row["std_return"] for row in rows], marker=marker, capsize=3, label=label,
-                          linestyle="none" if family == "float" else "-")
+    for family, rows in report.scheme_series(pair["ptq"]):
+        axis.errorbar([row["bits"] for row in rows], [row["mean_return"] for row in rows],
+                      yerr=[row["std_return"] for row in rows], marker=report.SCHEME_MARKERS.get(family, "s"),
+                      capsize=3, label=f"PTQ {report.scheme_label(family)}", linestyle="none" if family == "float" else "-")
     if pair["qat"]:
         rows = sorted(pair["qat"], key=lambda row: row["bits"])
         axis.errorbar([row["bits"] for row in rows], [row["mean_return"] for row in rows],
@@ -232,15 +279,17 @@ def write_study_outputs(study_dir: str, cells: Sequence[Mapping[str, Any]],
         if weights:
             section += [f"![weights](plots/{os.path.basename(weights)})", ""]
         sections += section
-    report = [
+    lines = [
         "# QuaRL study", "",
         "Returns pooled over all evaluation episodes of all seeds (mean ± std). E = (R_fp32 − R_q) / |R_fp32| "
-        "against the fp32-trained policy's fp32 return. PTQ rows quantize the fp32-trained policy (int-N: "
-        "weights per output channel, activations per tensor with static scales calibrated on fp32 rollouts; "
-        "int8 runs real int8 kernels). QAT rows train with N-bit fake quantization after the delay and "
-        "evaluate the policy exported to int-N (dynamic activation scales, the numerics it trained with).",
-        "", summary_table(pairs), "", *sections,
+        "against the fp32-trained policy's fp32 return; seed means ± std in the per-pair tables. PTQ rows "
+        "quantize the fp32-trained policy under each scheme (README, \"Quantization schemes\": quarl<N> and "
+        "quarl_fp16 / quarl_dyn8 are QuaRL's, int<N>[-...] qrl's weights + activations scheme; int8 runs real "
+        "int8 kernels). QAT rows train with N-bit fake quantization after the delay and evaluate the exported "
+        "int-N policy.",
+        "", f"Lowest bit width per scheme with |E| ≤ {E_TOLERANCE:.0%} at it and every wider width measured:", "",
+        lowest_bits_table(pairs), "", summary_table(pairs), "", *sections,
     ]
     io.atomic_write_json(paths["results.json"], {"pairs": pairs, "cells": [dict(cell) for cell in cells]})
-    io.atomic_write_text(paths["report.md"], "\n".join(report))
+    io.atomic_write_text(paths["report.md"], "\n".join(lines))
     return paths

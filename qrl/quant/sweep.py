@@ -127,7 +127,7 @@ def run_sweep(
         row = {
             "precision": precision.name,
             "bits": precision_bits(precision),
-            "family": "float" if precision.is_float else precision.weight_rule,
+            "family": precision.scheme,
             "activations": precision.activations,
             "integer_kernel": precision.integer_kernel,
             "mean_return": result.mean,

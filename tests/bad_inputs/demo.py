@@ -16,6 +16,7 @@ def _case(name, fragment, *args, setup=None):
 CASES = [
     _case("bits-out-of-range", "bits must be in 2..16", _W, "--precisions=fp32,int1"),
     _case("unknown-precision", "unknown precision 'fp8'", _W, "--precisions=fp8"),
+    _case("edge-bits-on-weight-only", "takes no modifiers", _W, "--precisions=fp32,quarl2-e8"),
     _case("empty-precision-bits", "quarl0", _W, "--precisions=quarl0"),
     _case("zero-steps", "--steps must be >= 1", _W, "--steps=0"),
     _case("negative-steps", "--steps must be >= 1", _W, "--steps=-10"),

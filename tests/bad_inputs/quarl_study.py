@@ -21,6 +21,8 @@ CASES = [
     _case("incompatible-pair", "unsupported algorithm/environment pair", _W, "--envs=gym:Pendulum-v1"),
     _case("negative-seed", "--seeds values must be >= 0", _W, "--seeds=-1"),
     _case("bits-out-of-range", "bits must be in 2..16", _W, "--precisions=int1"),
+    _case("unknown-scheme-modifier", "unknown modifier -fast", _W, "--precisions=fp32,int8-fast"),
+    _case("edge-bits-on-weight-only", "takes no modifiers", _W, "--precisions=quarl4-e8"),
     _case("qat-bits-out-of-range", "--qat_bits values must be in 2..8", _W, "--qat_bits=9"),
     _case("nan-quant-delay-fraction", "--quant_delay_fraction must be a finite number", _W,
           "--quant_delay_fraction=nan"),
