@@ -87,3 +87,22 @@ def test_study_runs_on_every_environment_family(tmp_path):
         assert [row["precision"] for row in pair["ptq"]] == ["fp32", "int8"]
     assert pairs[("dqn", "atari:Pong")]["divergence"] == "categorical"
     assert pairs[("sac", "brax:halfcheetah")]["divergence"] == "deterministic"
+
+
+def test_lowest_bits_keeps_every_wider_width_within_tolerance():
+    from qrl.quant.study_report import lowest_bits, lowest_bits_table
+
+    rows = [{"bits": 8, "relative_error": 0.01}, {"bits": 6, "relative_error": -0.04},
+            {"bits": 4, "relative_error": 0.30}, {"bits": 3, "relative_error": 0.02}]
+    assert lowest_bits(rows) == 6  # 3 bits is within 5% but 4 bits, wider, is not
+    assert lowest_bits([{"bits": 8, "relative_error": 0.2}]) is None
+    assert lowest_bits([{"bits": 8, "relative_error": None}]) is None
+    pair = {"agent": "dqn", "env": "gym:CartPole-v1", "fp32_return": 500.0, "qat": [],
+            "ptq": [{"family": "float", "bits": 16, "relative_error": 0.0},
+                    *({"family": "quarl", **row} for row in rows),
+                    {"family": "int", "bits": 8, "relative_error": 0.5}]}
+    table = lowest_bits_table([pair]).splitlines()
+    assert table[0] == "| algorithm | environment | fp32 return | quarl | int | |E| ≤ 5% at 8 bits |"
+    assert table[2] == "| dqn | gym:CartPole-v1 | 500.0 | 6 | none | quarl |"
+    pair["ptq"] = [row for row in pair["ptq"] if row["family"] != "quarl"]
+    assert lowest_bits_table([pair]).splitlines()[2].endswith("| **none** |")

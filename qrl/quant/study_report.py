@@ -127,10 +127,11 @@ def lowest_bits_table(pairs: Sequence[Mapping], tolerance: float = E_TOLERANCE) 
     which schemes keep it at 8 bits (the study's goal: at least one per cell)."""
     schemes = list(dict.fromkeys(row["family"] for pair in pairs for row in pair["ptq"] if row["family"] != "float"))
     has_qat = any(pair["qat"] for pair in pairs)
-    header = ["algorithm", "environment", *schemes, *(["qat"] if has_qat else []), f"|E| ≤ {tolerance:.0%} at 8 bits"]
+    header = ["algorithm", "environment", "fp32 return", *schemes, *(["qat"] if has_qat else []),
+              f"|E| ≤ {tolerance:.0%} at 8 bits"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for pair in pairs:
-        cells = [pair["agent"], pair["env"]]
+        cells = [pair["agent"], pair["env"], _fmt(pair["fp32_return"], 1)]
         at_eight = []
         for scheme in schemes:
             rows = [row for row in pair["ptq"] if row["family"] == scheme]
