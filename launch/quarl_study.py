@@ -3,6 +3,9 @@ and with quantization-aware training, quantize after training, and report.
 
     python -m launch.quarl_study --workdir=runs/quarl --agents=dqn,ppo,a2c --envs=gym:CartPole-v1 \\
         --seeds=0,1,2 --precisions=fp32,fp16,bf16,quarl8,quarl4,quarl_dyn8,int8,int4,int4-e8 --qat_bits=8,4
+    # DQN with QuaRL's own CartPole network and hyperparameters (agents/dqn/config.py PRESETS)
+    python -m launch.quarl_study --workdir=runs/quarl_dqn --agents=dqn --envs=gym:CartPole-v1 \\
+        --set=dqn.preset=quarl --steps=100000
     python -m launch.quarl_study --workdir=runs/quarl_pendulum --agents=ddpg,d4pg,sac,td3 \\
         --envs=gym:Pendulum-v1 --seeds=0
 
@@ -28,7 +31,8 @@ flags.DEFINE_string("qat_bits", "8,6,4", "Comma-separated QAT bit widths (2..8);
 flags.DEFINE_float("quant_delay_fraction", 0.5, "QAT: fraction of training spent in fp32 before fake quantization.")
 flags.DEFINE_integer("steps", None, "Environment steps per training run (default: a small per-task budget).")
 flags.DEFINE_integer("episodes", 10, "Evaluation episodes per precision and seed.")
-flags.DEFINE_multi_string("set", [], "Agent config override agent.key=value (repeatable), e.g. ppo.learning_rate=1e-3.")
+flags.DEFINE_multi_string("set", [], "Agent config override agent.key=value (repeatable), e.g. ppo.learning_rate=1e-3; "
+                          "agent.preset=NAME picks a named preset, e.g. dqn.preset=quarl.")
 flags.DEFINE_bool("skip_incompatible", False, "Skip algorithm/environment pairs the algorithm cannot run instead of failing.")
 flags.DEFINE_integer("num_envs", None, "Host environments per training run (default: the agent's).")
 flags.DEFINE_integer("probe_steps", 2048, "fp32 rollout states for calibrating static scales and for action divergence.")

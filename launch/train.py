@@ -5,6 +5,10 @@
     # quantization-aware training: fp32 for 20k steps, then 8-bit fake quantization
     python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --qat_bits=8 \\
         --quant_delay=20000 --workdir=runs/dqn_cartpole_qat8
+    # a named preset: DQN as QuaRL trained it (64-unit layer-normalized dueling MLP, its zoo
+    # hyperparameters); --set=preset=quarl is the same, and launch.quarl_study takes --set=dqn.preset=quarl
+    python -m launch.train --agent=dqn --env=gym:CartPole-v1 --preset=quarl --steps=100000 \\
+        --workdir=runs/dqn_cartpole_quarl
 
 Writes config.json, metrics.csv, TensorBoard events (tb/), orbax checkpoints (checkpoints/)
 and results.json (final evaluation, throughput), written last: a run is finished when its
@@ -30,6 +34,7 @@ do not resume.
 from absl import flags
 
 from launch import common, runs
+from qrl.config import PRESET_KEY
 from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
@@ -46,6 +51,9 @@ flags.DEFINE_integer("qat_bits", None,
                      "Quantization-aware training of the policy network at N bits (2..8); default off.")
 flags.DEFINE_integer("quant_delay", None,
                      "With --qat_bits: environment steps of fp32 training before fake quantization starts.")
+flags.DEFINE_string("preset", None,
+                    "Named preset of the agent for --env instead of its default one, e.g. quarl "
+                    "(DQN on gym:CartPole-v1 as QuaRL trained it); the same as --set=preset=NAME.")
 flags.DEFINE_multi_string("set", [], "Agent config override key=value (repeatable), e.g. --set=learning_rate=1e-3.")
 flags.DEFINE_bool("overwrite", False,
                   "Replace a qrl run already in --workdir: removes only the outputs its qrl-workdir.json lists.")
@@ -69,6 +77,8 @@ def run() -> None:
     common.check_flag_ranges(FLAG_RANGES)
     overrides = common.parse_overrides(FLAGS.set)
     train_options = {}
+    if FLAGS.preset is not None:
+        overrides[PRESET_KEY] = FLAGS.preset
     if FLAGS.qat_bits is not None:
         overrides["qat_bits"] = FLAGS.qat_bits
     if FLAGS.quant_delay is not None:

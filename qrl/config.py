@@ -148,13 +148,36 @@ class ConfigMethods:
         return config
 
 
+PRESET_KEY = "preset"  # the override that names a preset: `preset=quarl` picks `presets["<env id>@quarl"]`.
+
+
+def preset_values(
+    presets: Mapping[str, Mapping[str, Any]], env_id: str, preset_name: Optional[str], agent_name: str,
+) -> Mapping[str, Any]:
+    """`presets[env_id]` (empty if there is none) or, with `preset_name`, the named preset
+    `presets["<env_id>@<preset_name>"]`; an unknown name is an input error listing the names
+    there are for `env_id`."""
+    if preset_name is None:
+        return presets.get(env_id, {})
+    key = f"{env_id}@{preset_name}"
+    if key not in presets:
+        names = sorted(name.partition("@")[2] for name in presets if name.startswith(f"{env_id}@"))
+        label = agent_name.upper()
+        known = f"known for {env_id}: {', '.join(names)}" if names else f"{label} has no named presets for {env_id}"
+        raise QrlInputError(f"unknown {label} preset {preset_name!r}; {known}")
+    return presets[key]
+
+
 def config_for(
     config_class: type, presets: Mapping[str, Mapping[str, Any]], env_id: str,
     values: Optional[Mapping[str, Any]] = None,
 ):
     """`config_class`'s defaults, then `presets[env_id]` if there is one, then `values`, validated.
 
-    `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
+    `values` may name a preset (`preset=<name>`, see `preset_values`): it replaces the env's
+    preset. `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """
+    values = dict(values or {})
+    preset = preset_values(presets, env_id, values.pop(PRESET_KEY, None), config_class.agent_name)
     defaults = config_class(flat_optimizer=runtime.single_threaded_xla())
-    return defaults.override({**presets.get(env_id, {}), **dict(values or {})})
+    return defaults.override({**preset, **values})

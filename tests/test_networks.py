@@ -3,8 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from qrl.networks import MinAtarCNN, make_torso, torso_for_observation
+from qrl.errors import QrlInputError
+from qrl.networks import MLP, MinAtarCNN, make_torso, torso_for_observation
 from qrl.quant import FP32, calibrate, parse_precision, quantize_params
 
 
@@ -34,3 +36,26 @@ def test_make_torso_names_the_known_kinds():
         assert "mlp, cnn, minatar_cnn" in str(error)
     else:
         raise AssertionError("expected ValueError")
+
+
+def test_mlp_layer_norm_normalizes_hidden_layers_in_float32_and_keeps_layer_places():
+    observations = jax.random.normal(jax.random.PRNGKey(0), (16, 5)) * 3
+    network = MLP((8, 3), layer_norm=True, activate_final=False)
+    params = network.init(jax.random.PRNGKey(1), observations)["params"]
+    assert set(params) == {"dense_0", "layer_norm_0", "dense_1"}  # no layer norm on the output layer
+    hidden = observations @ params["dense_0"]["kernel"] + params["dense_0"]["bias"]
+    normalized = (hidden - hidden.mean(-1, keepdims=True)) / jnp.sqrt(hidden.var(-1, keepdims=True) + 1e-6)
+    expected = jax.nn.relu(normalized) @ params["dense_1"]["kernel"] + params["dense_1"]["bias"]
+    np.testing.assert_allclose(network.apply({"params": params}, observations), expected, rtol=1e-4, atol=1e-5)
+    roles = calibrate(network.apply, params, np.asarray(observations))
+    assert (int(roles["dense_0"]["role"]), int(roles["dense_1"]["role"])) == (1, 2)
+    half = parse_precision("bf16")
+    _, state = MLP((8, 3), precision=half, layer_norm=True, activate_final=False).apply(
+        {"params": quantize_params(params, half)}, observations, capture_intermediates=True)
+    assert state["intermediates"]["layer_norm_0"]["__call__"][0].dtype == jnp.float32
+
+
+def test_layer_norm_is_for_the_mlp_torso_only():
+    assert make_torso("mlp", FP32, (4,), layer_norm=True, name="value_torso").name == "value_torso"
+    with pytest.raises(QrlInputError, match="layer_norm applies to the MLP torso"):
+        make_torso("cnn", FP32, layer_norm=True)

@@ -4,13 +4,16 @@ Defaults follow Nature DQN (Mnih et al., 2015, "Human-level control through deep
 learning") with double Q-learning (van Hasselt et al., 2016) and the Adam/Huber settings of
 modern re-implementations (CleanRL's dqn_atari: Adam 1e-4, Huber, 0.01 final epsilon over 10%
 of training). `PRESETS` hold tuned values for classic-control tasks from rl-baselines3-zoo
-(hyperparams/dqn.yml), so runs compare with SB3/sbx at the same hyperparameters.
+(hyperparams/dqn.yml), so runs compare with SB3/sbx at the same hyperparameters, and named
+presets (`"<env id>@<name>"`, chosen with the override `preset=<name>`): `gym:CartPole-v1@quarl`
+is DQN as QuaRL (Krishnan et al., 2019) trained it.
 """
 
 import dataclasses
 from typing import Any, Mapping
 
 from qrl import config as qrl_config
+from qrl.errors import QrlInputError
 
 LEARNING_RATE_SCHEDULES = ("constant", "linear")
 
@@ -29,6 +32,8 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("tau",), "dqn", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "dqn")
     qrl_config.check_qat_fields(config, "dqn")
+    if config.separate_value_stream and not config.dueling:
+        raise QrlInputError("DQN config separate_value_stream needs dueling=true")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Config(qrl_config.ConfigMethods, agent="dqn", validate=validate):
     """DQN hyperparameters. Periods count environment steps unless the name says updates."""
 
     hidden_sizes: tuple[int, ...] = (256, 256)  # MLP torso; image observations use Nature CNN.
+    layer_norm: bool = False  # MLP hidden layers as dense -> LayerNorm (float32) -> ReLU (OpenAI baselines).
     learning_rate: float = 1e-4  # CleanRL dqn_atari (Adam).
     learning_rate_schedule: str = "constant"  # or "linear": decay to 0 over training's updates.
     adam_eps: float = 1e-8
@@ -53,6 +59,7 @@ class Config(qrl_config.ConfigMethods, agent="dqn", validate=validate):
     n_step: int = 1
     double_q: bool = True  # van Hasselt et al. 2016.
     dueling: bool = False  # Wang et al. 2016, "Dueling Network Architectures for Deep RL".
+    separate_value_stream: bool = False  # dueling V on its own torso, as baselines' dueling MLPs.
     exploration_initial_eps: float = 1.0
     exploration_final_eps: float = 0.01  # CleanRL dqn_atari.
     exploration_fraction: float = 0.10  # of the training steps; CleanRL dqn_atari.
@@ -63,28 +70,47 @@ class Config(qrl_config.ConfigMethods, agent="dqn", validate=validate):
 # rl-baselines3-zoo hyperparams/dqn.yml (tuned); target_update_interval=10 env steps there
 # syncs the target once per training phase, i.e. every `gradient_steps` updates here; other
 # target intervals are converted from environment steps to updates; SB3's gradient_steps=-1
-# (one update per environment step) is written out.
+# (one update per environment step) is written out. These presets are not dueling: SB3's DQN
+# has no dueling head, and they exist to compare with SB3/sbx at identical settings.
+#
+# "gym:CartPole-v1@quarl" is the network and hyperparameters of QuaRL's CartPole DQN. QuaRL
+# quantized rl-baselines-zoo's (stable-baselines 2) trained agents: hyperparams/dqn.yml
+# CartPole-v1 (policy CustomDQNPolicy, 1e5 steps, learning rate 1e-3, buffer 50k, exploration
+# to 0.02 over 10%, prioritized replay) with stable-baselines' DQN defaults for the rest (batch
+# 32, one update per step after 1000 steps, target copied every 500 steps, gamma 0.99, double Q,
+# Adam, Huber, gradient norm clipped at 10). CustomDQNPolicy (utils/utils.py) is stable-baselines'
+# deepq FeedForwardPolicy with layers=[64], layer_norm=True and its default dueling=True, whose
+# state value has its own 64-unit stream: it is dueling because QuaRL's network was, and a
+# dueling head also keeps the action gap in its own small-valued layer, which quantizes better.
+# Not reproduced: prioritized replay (qrl's host loop replays uniformly).
 PRESETS: dict[str, dict[str, Any]] = {
     "gym:CartPole-v1": dict(
         learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1_000,
         train_freq=256, gradient_steps=128, target_update_period=128,
-        exploration_fraction=0.16, exploration_final_eps=0.04, hidden_sizes=(256, 256),
+        exploration_fraction=0.16, exploration_final_eps=0.04, hidden_sizes=(256, 256), dueling=False,
+    ),
+    "gym:CartPole-v1@quarl": dict(
+        hidden_sizes=(64,), layer_norm=True, dueling=True, separate_value_stream=True,
+        learning_rate=1e-3, batch_size=32, buffer_size=50_000, learning_starts=1_000,
+        train_freq=1, gradient_steps=1, target_update_period=500,
+        exploration_fraction=0.1, exploration_final_eps=0.02,
     ),
     "gym:MountainCar-v0": dict(
         learning_rate=4e-3, batch_size=128, buffer_size=10_000, learning_starts=1_000, gamma=0.98,
         train_freq=16, gradient_steps=8, target_update_period=300,
-        exploration_fraction=0.2, exploration_final_eps=0.07, hidden_sizes=(256, 256),
+        exploration_fraction=0.2, exploration_final_eps=0.07, hidden_sizes=(256, 256), dueling=False,
     ),
     "gym:Acrobot-v1": dict(
         learning_rate=6.3e-4, batch_size=128, buffer_size=50_000, learning_starts=0,
         train_freq=4, gradient_steps=4, target_update_period=250,
-        exploration_fraction=0.12, exploration_final_eps=0.1, hidden_sizes=(256, 256),
+        exploration_fraction=0.12, exploration_final_eps=0.1, hidden_sizes=(256, 256), dueling=False,
     ),
 }
 
 
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:
-    """Paper defaults, then the preset for `env_id` if there is one, then `values`.
+    """Paper defaults, then the preset for `env_id` if there is one (the named preset
+    `"<env_id>@<name>"` when `values` hold `preset=<name>`), then `values`.
 
     `flat_optimizer` follows the process's XLA threading (`qrl.runtime`) unless given.
     """

@@ -34,6 +34,8 @@ def make_network(config: Config, observation_shape: Sequence[int], num_actions: 
         hidden_sizes=tuple(config.hidden_sizes),
         precision=precision,
         dueling=config.dueling,
+        separate_value_stream=config.separate_value_stream,
+        layer_norm=config.layer_norm,
     )
 
 

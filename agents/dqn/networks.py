@@ -17,7 +17,10 @@ class QNetwork(nn.Module):
     With `dueling` (Wang et al., 2016) the head splits into a state value `V [B, 1]` and
     advantages `A [B, num_actions]`, `Q = V + A - mean(A)`. Besides its learning benefits this
     keeps the action gaps in their own small-valued layer, which quantizes far better than a
-    plain head where the gap is a tiny difference of two large Q-values.
+    plain head where the gap is a tiny difference of two large Q-values. With
+    `separate_value_stream`, `V` reads its own torso (`value_torso`, shaped like `torso`) instead
+    of sharing the advantages' one, as OpenAI baselines' and stable-baselines' dueling MLPs do.
+    `layer_norm` normalizes the MLP torsos' hidden layers (see `qrl.networks.MLP`).
     """
 
     num_actions: int
@@ -25,12 +28,18 @@ class QNetwork(nn.Module):
     hidden_sizes: Sequence[int] = (256, 256)
     precision: Precision = FP32
     dueling: bool = False
+    separate_value_stream: bool = False
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
-        features = make_torso(self.torso, self.precision, self.hidden_sizes)(observations)
+        features = self._torso("torso")(observations)
         if not self.dueling:
             return Dense(self.num_actions, precision=self.precision, name="head", is_output=True)(features)
-        value = Dense(1, precision=self.precision, name="value", is_output=True)(features)
+        value_features = self._torso("value_torso")(observations) if self.separate_value_stream else features
+        value = Dense(1, precision=self.precision, name="value", is_output=True)(value_features)
         advantages = Dense(self.num_actions, precision=self.precision, name="advantage", is_output=True)(features)
         return value + advantages - jnp.mean(advantages, axis=-1, keepdims=True)
+
+    def _torso(self, name: str) -> nn.Module:
+        return make_torso(self.torso, self.precision, self.hidden_sizes, self.layer_norm, name=name)

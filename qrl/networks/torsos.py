@@ -6,26 +6,36 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from qrl.errors import QrlInputError
 from qrl.networks.layers import Conv, Dense
 from qrl.quant.precision import FP32, Precision
 
 
 class MLP(nn.Module):
     """Multi-layer perceptron `[..., D] -> [..., hidden_sizes[-1]]`; its first layer reads the
-    observation, and without `activate_final` its last layer is the network's output."""
+    observation, and without `activate_final` its last layer is the network's output.
+
+    With `layer_norm` every activated layer is dense -> LayerNorm -> activation, as OpenAI
+    baselines' and stable-baselines' layer-normalized MLPs are. The layer norms (`layer_norm_<i>`:
+    `scale` and `bias` `[size]`) compute and keep their parameters in float32 at every precision:
+    they are not quantized.
+    """
 
     hidden_sizes: Sequence[int]
     precision: Precision = FP32
     activation: Callable[[jax.Array], jax.Array] = nn.relu
     activate_final: bool = True
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for index, size in enumerate(self.hidden_sizes):
-            last = index == len(self.hidden_sizes) - 1
+            activated = index < len(self.hidden_sizes) - 1 or self.activate_final
             x = Dense(size, precision=self.precision, name=f"dense_{index}", reads_observation=index == 0,
-                      is_output=last and not self.activate_final)(x)
-            if index < len(self.hidden_sizes) - 1 or self.activate_final:
+                      is_output=not activated)(x)
+            if activated and self.layer_norm:
+                x = nn.LayerNorm(dtype=jnp.float32, param_dtype=jnp.float32, name=f"layer_norm_{index}")(x)
+            if activated:
                 x = self.activation(x)
         return x
 
@@ -80,16 +90,21 @@ TORSOS = ("mlp", "cnn", "minatar_cnn")
 SMALL_FRAME_SIZE = 36  # frames up to this size cannot pass the Nature CNN's strided convolutions.
 
 
-def make_torso(kind: str, precision: Precision, hidden_sizes: Sequence[int] = (256, 256)) -> nn.Module:
+def make_torso(
+    kind: str, precision: Precision, hidden_sizes: Sequence[int] = (256, 256), layer_norm: bool = False,
+    name: str = "torso",
+) -> nn.Module:
     """`mlp` for vector observations, `cnn` (Nature CNN) for stacked frames, `minatar_cnn` for
-    small grids such as MinAtar's 10×10."""
+    small grids such as MinAtar's 10×10. `layer_norm` (the MLP's) is an input error elsewhere."""
+    if kind not in TORSOS:
+        raise ValueError(f"unknown torso {kind!r}; known: {', '.join(TORSOS)}")
     if kind == "mlp":
-        return MLP(tuple(hidden_sizes), precision=precision, name="torso")
+        return MLP(tuple(hidden_sizes), precision=precision, layer_norm=layer_norm, name=name)
+    if layer_norm:
+        raise QrlInputError(f"layer_norm applies to the MLP torso of vector observations, not the {kind} torso")
     if kind == "cnn":
-        return NatureCNN(precision=precision, name="torso")
-    if kind == "minatar_cnn":
-        return MinAtarCNN(precision=precision, name="torso")
-    raise ValueError(f"unknown torso {kind!r}; known: {', '.join(TORSOS)}")
+        return NatureCNN(precision=precision, name=name)
+    return MinAtarCNN(precision=precision, name=name)
 
 
 def torso_for_observation(observation_shape: Sequence[int]) -> str:

@@ -88,19 +88,29 @@ def quantize_params(
     """fp32 params -> params for the same network built at `precision` (see
     `qrl.networks.layers` for the integer layout).
 
-    Float precisions cast every leaf. Integer precisions quantize each layer's kernel
-    (`kernel` values + `kernel_scale`) at the layer's precision (`Precision.for_layer`, from the
-    `role` that `calibrate` recorded) and keep the bias in float32; static activation scales
-    come from `input_ranges` (see `calibrate`): per-feature observation scales are folded into
-    the kernel before it is quantized, and an affine grid's zero point into the bias.
+    Float precisions cast each layer's kernel and bias. Integer precisions quantize each layer's
+    kernel (`kernel` values + `kernel_scale`) at the layer's precision (`Precision.for_layer`,
+    from the `role` that `calibrate` recorded) and keep the bias in float32; static activation
+    scales come from `input_ranges` (see `calibrate`): per-feature observation scales are folded
+    into the kernel before it is quantized, and an affine grid's zero point into the bias.
+    Parameters outside dense and conv layers (layer norms' scale and bias) stay float32 at every
+    precision.
     """
     params = serialization.to_state_dict(params)
     if precision.is_float:
-        return jax.tree.map(lambda leaf: np.asarray(jnp.asarray(leaf, precision.dtype)), params)
+        return _cast_layers(params, precision.dtype)
     if needs_calibration(precision) and input_ranges is None:
         raise QrlInputError(f"{precision.name} needs calibration data (static or per-feature scales, or layer places)")
     ranges = serialization.to_state_dict(input_ranges) if input_ranges is not None else None
     return _quantize_tree(params, precision, ranges, path=())
+
+
+def _cast_layers(node: Mapping, dtype) -> dict:
+    """`node` with every layer's leaves cast to `dtype` and other leaves as they are."""
+    if _is_layer(node):
+        return {key: np.asarray(jnp.asarray(leaf, dtype)) for key, leaf in node.items()}
+    return {key: _cast_layers(child, dtype) if isinstance(child, Mapping) else np.asarray(child)
+            for key, child in node.items()}
 
 
 def _quantize_tree(node: Mapping, precision: Precision, ranges: Optional[Mapping], path: tuple) -> dict:

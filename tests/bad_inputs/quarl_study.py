@@ -28,6 +28,7 @@ CASES = [
           "--quant_delay_fraction=nan"),
     _case("quant-delay-fraction-one", "--quant_delay_fraction must be in [0, 1)", _W, "--quant_delay_fraction=1"),
     _case("zero-steps", "--steps must be >= 1", _W, "--steps=0"),
+    _case("unknown-preset", "unknown DQN preset 'qaurl'", _W, "--set=dqn.preset=qaurl"),
     _case("zero-episodes", "--episodes must be >= 1", _W, "--episodes=0"),
     _case("zero-num-envs", "--num_envs must be >= 1", _W, "--num_envs=0"),
     _case("rollout-smaller-than-batch", "exceeds a rollout", _W, "--agents=ppo", "--set=ppo.batch_size=256",

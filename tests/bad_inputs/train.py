@@ -29,6 +29,9 @@ CASES = [
     _case("quant-delay-past-the-run", "quant_delay 100 is not shorter", "--steps=100", "--qat_bits=8",
           "--quant_delay=100", _W),
     _case("continuous-env-for-dqn", "discrete", "--env=gym:Pendulum-v1", _W),
+    _case("unknown-preset", "unknown DQN preset 'qaurl'; known for gym:CartPole-v1: quarl", "--preset=qaurl", _W),
+    _case("preset-of-another-env", "DQN has no named presets for gym:Acrobot-v1", "--env=gym:Acrobot-v1",
+          "--set=preset=quarl", _W),
     _case("workdir-is-a-file", "is not a directory", _W, setup=_file_at_run),
     _case("workdir-under-a-file", "which is not a directory", "--workdir={tmp}/run/inner", setup=_file_at_run),
 ]
