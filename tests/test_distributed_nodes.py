@@ -505,7 +505,7 @@ def test_int8_actor_uses_static_scales_and_agrees_with_fp32(cartpole_specs, pool
     int8_actions = np.array([int(actor.select_action(observation)) for observation in observations])
     fp32_actions = np.asarray(jax.jit(agent.policy(FP32))(params, observations))
     assert np.mean(int8_actions == fp32_actions) >= 0.9, np.mean(int8_actions == fp32_actions)
-    static_policy = jax.jit(agent.policy(parse_precision("int8", "static")))
+    static_policy = jax.jit(agent.policy(parse_precision(weights.INT8_STATIC)))
     np.testing.assert_array_equal(int8_actions, static_policy(weights.load(weights.decode(blob), "int8"), observations))
 
 
