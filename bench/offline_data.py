@@ -53,14 +53,14 @@ def sampling(args) -> dict:
 
     actor = Actor()
     optimizer = optax.adam(3e-4)
-    params = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, 11)))
+    params = actor.init(jax.random.PRNGKey(0), jnp.zeros((1, 11)))["params"]
     opt_state = optimizer.init(params)
 
     def bc_update(carry, batch_):
         params_, opt_state_ = carry
 
         def loss(p):
-            return jnp.mean((actor.apply(p, batch_.observation) - batch_.action) ** 2)
+            return jnp.mean((actor.apply({"params": p}, batch_.observation) - batch_.action) ** 2)
 
         value, grads = jax.value_and_grad(loss)(params_)
         updates, opt_state_ = optimizer.update(grads, opt_state_, params_)

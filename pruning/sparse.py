@@ -112,6 +112,7 @@ def export_sparse(params, mask, format: str = "csr", precision: str = "fp32",
     check_mask(params, mask)
     masked = serialization.to_state_dict(jax.tree.map(np.asarray, apply_mask(params, mask)))
     activations = "dynamic" if input_ranges is None else "static"
+    scheme = "fp32"
     if precision == "int8":
         scheme = "int8" if input_ranges is not None else "int8-obst-dyn"  # per-feature scales need ranges.
         stored = quantize_params(masked, parse_precision(scheme), input_ranges)
@@ -125,12 +126,13 @@ def export_sparse(params, mask, format: str = "csr", precision: str = "fp32",
             sparse_leaves[path] = _encode(values, kept[path], format)
         else:
             dense_leaves[path] = values
-    return {"format": format, "precision": precision, "activations": activations,
+    return {"format": format, "precision": precision, "activations": activations, "scheme": scheme,
             "dense": _unflatten(dense_leaves), "sparse": {path: entry for path, entry in sparse_leaves.items()}}
 
 
 def densify(blob: Mapping) -> dict:
-    """The params a dense network at the blob's precision consumes (exactly what was exported)."""
+    """The params a dense network at the blob's precision scheme consumes (exactly what was exported);
+    `parse_precision(blob["scheme"])` builds that network."""
     kind = blob["format"]
     flat = dict(_flatten(blob["dense"]))
     for path, entry in blob["sparse"].items():
@@ -148,7 +150,7 @@ def to_bytes(blob: Mapping) -> bytes:
     """msgpack bytes (flax.serialization); `from_bytes` reads them back without unpickling."""
     return serialization.msgpack_serialize(
         {"format": blob["format"], "precision": blob["precision"], "activations": blob["activations"],
-         "dense": jax.tree.map(np.asarray, blob["dense"]), "sparse": jax.tree.map(np.asarray, blob["sparse"])})
+         "scheme": blob["scheme"], "dense": jax.tree.map(np.asarray, blob["dense"]), "sparse": jax.tree.map(np.asarray, blob["sparse"])})
 
 
 def from_bytes(data: bytes) -> dict:
@@ -157,7 +159,7 @@ def from_bytes(data: bytes) -> dict:
         blob = serialization.msgpack_restore(data)
     except Exception as error:  # msgpack raises several unrelated types on garbage
         raise QrlInputError(f"corrupt sparse policy: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
-    if not isinstance(blob, dict) or blob.get("format") not in FORMATS or not {"dense", "sparse"} <= set(blob):
+    if not isinstance(blob, dict) or blob.get("format") not in FORMATS or not {"dense", "sparse", "scheme"} <= set(blob):
         raise QrlInputError("corrupt sparse policy: not a sparse policy blob")
     return blob
 

@@ -81,9 +81,21 @@ def test_round_trips_are_exact_and_outputs_equal_the_dense_paths(kind):
     for expected, actual in zip(jax.tree.leaves(dense_int8), jax.tree.leaves(restored)):
         assert np.asarray(expected).dtype == actual.dtype
         np.testing.assert_array_equal(np.asarray(expected), actual)
-    int8_network = MLP((256, 256, 3), precision=int8, activate_final=False)
+    assert blob["scheme"] == "int8"
+    int8_network = MLP((256, 256, 3), precision=parse_precision(blob["scheme"]), activate_final=False)
     np.testing.assert_array_equal(int8_network.apply({"params": restored}, observations),
                                   int8_network.apply({"params": dense_int8}, observations))
+
+
+def test_an_int8_blob_without_ranges_names_the_dynamic_scheme_its_params_need():
+    network, params, mask = mlp_policy()
+    observations = np.random.default_rng(1).normal(size=(8, 11)).astype(np.float32)
+    blob = sparse.from_bytes(sparse.to_bytes(sparse.export_sparse(params, mask, "csr", "int8")))
+    assert blob["scheme"] == "int8-obst-dyn"
+    precision = parse_precision(blob["scheme"])
+    int8_network = MLP((256, 256, 3), precision=precision, activate_final=False)
+    expected = int8_network.apply({"params": ptq.quantize_params(apply_mask(params, mask), precision)}, observations)
+    np.testing.assert_array_equal(int8_network.apply({"params": sparse.densify(blob)}, observations), expected)
 
 
 def test_a_95_percent_sparse_int8_policy_takes_under_a_twentieth_of_dense_fp32():
