@@ -41,8 +41,10 @@ flags.DEFINE_string("actor_precision", _DEFAULTS.actor_precision, "Actors' polic
 flags.DEFINE_string("comm_precision", None,
                     "Precision of weight publishes: fp32, fp16, bf16 or int8 (default: the actors' own; fp32 for fp32 actors).")
 flags.DEFINE_bool("compress", _DEFAULTS.compress, "zlib-compress every weight publish.")
-flags.DEFINE_string("activation_scales", _DEFAULTS.activation_scales,
-                    "int8 actors: static (calibrated by the learner at each publish) or dynamic activation scales.")
+flags.DEFINE_string("actor_int8_scheme", _DEFAULTS.actor_int8_scheme,
+                    "int8 actors' scheme: int8 (static scales calibrated by the learner at each publish, per-feature "
+                    "observation scales, affine grids), int8-dyn, quarl_dyn8 (QuaRL's dynamic-range int8), "
+                    "int8-obst-sym or int8-obst-sym-dyn (one symmetric scale per layer input).")
 flags.DEFINE_integer("actor_update_period", _DEFAULTS.actor_update_period, "Actor steps between weight pulls.")
 flags.DEFINE_bool("sync_pull", _DEFAULTS.sync_pull, "Actors wait for each pull instead of acting while it travels.")
 flags.DEFINE_integer("publish_period", _DEFAULTS.publish_period, "Learner updates between weight publishes.")
@@ -79,7 +81,7 @@ def config_from_flags() -> ActorQConfig:
         agent=FLAGS.agent, env=FLAGS.env, seed=FLAGS.seed, num_actors=FLAGS.num_actors,
         envs_per_actor=FLAGS.envs_per_actor, actor_precision=FLAGS.actor_precision.strip().lower(),
         comm_precision=FLAGS.comm_precision.strip().lower() if FLAGS.comm_precision else None,
-        compress=FLAGS.compress, activation_scales=FLAGS.activation_scales,
+        compress=FLAGS.compress, actor_int8_scheme=FLAGS.actor_int8_scheme.strip().lower(),
         actor_update_period=FLAGS.actor_update_period, sync_pull=FLAGS.sync_pull, publish_period=FLAGS.publish_period,
         insert_chunk=FLAGS.insert_chunk, samples_per_insert=FLAGS.samples_per_insert,
         min_replay_size=FLAGS.min_replay_size, replay_capacity=FLAGS.replay_capacity, prioritized=FLAGS.prioritized,

@@ -46,22 +46,22 @@ def _chunk_tail(chunk: dict, start: int) -> dict:
 
 
 class PolicyCache:
-    """Jitted policies of one agent at the precisions weights arrive in (int8 with static or
-    dynamic activation scales, floats), compiled on first use."""
+    """Jitted policies of one agent at the precisions weights arrive in (int8 at the scheme each
+    message names, floats), compiled on first use."""
 
     def __init__(self, agent: DistributedAgent, actor_precision: str):
         self._agent = agent
         self._actor_precision = actor_precision
         self._policies: dict[str, Callable] = {}
 
-    def for_params(self, params: dict) -> tuple[Callable, bool]:
-        """The policy for params in this layout, and whether it was just made (not compiled yet)."""
-        precision = weights.actor_network_precision(self._actor_precision, weights.has_static_scales(params))
-        key = f"{precision.name}/{precision.activations}"
-        fresh = key not in self._policies
+    def for_scheme(self, int8_scheme: str) -> tuple[Callable, bool]:
+        """The policy for params loaded from a message of `int8_scheme` (`weights.load`), and
+        whether it was just made (not compiled yet)."""
+        precision = weights.actor_network_precision(self._actor_precision, int8_scheme)
+        fresh = precision.name not in self._policies
         if fresh:
-            self._policies[key] = jax.jit(self._agent.policy(precision))
-        return self._policies[key], fresh
+            self._policies[precision.name] = jax.jit(self._agent.policy(precision))
+        return self._policies[precision.name], fresh
 
 
 class Actor:
@@ -117,7 +117,7 @@ class Actor:
         self._explore = self._agent.make_explorer(float(noise_scale), np.random.default_rng(self._env_seed))
         self.noise_scale = float(noise_scale)
         self._policies = PolicyCache(self._agent, self._precision_name)
-        self._weight_spec = weights.policy_weight_spec(self._agent)
+        self._weight_spec = weights.policy_weight_spec(self._agent, observation_spec)
         self._replay, self._broadcaster, self._counter = replay, broadcaster, counter
         self._update_period = int(update_period)
         self._sync_pull = bool(sync_pull)
@@ -327,7 +327,7 @@ class Actor:
         message = self._weight_spec.check(weights.decode(blob, self._weight_spec.max_message_bytes))
         decoded = time.perf_counter()
         params = jax.device_put(weights.load(message, self._precision_name))
-        policy, fresh = self._policies.for_params(params)
+        policy, fresh = self._policies.for_scheme(message.int8_scheme)
         jax.block_until_ready(params)
         loaded = time.perf_counter()
         self._seconds["deserialize"] += decoded - tick

@@ -62,7 +62,7 @@ class Evaluator:
         self._actor_precision = weights.check_precision(actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
         self._fp32_policies = PolicyCache(self._agent, "fp32")
         self._actor_policies = PolicyCache(self._agent, self._actor_precision)
-        self._weight_spec = weights.policy_weight_spec(self._agent)
+        self._weight_spec = weights.policy_weight_spec(self._agent, observation_spec)
         self._learner, self._broadcaster, self._counter = learner, broadcaster, counter
         self._episodes, self._every_seconds = int(episodes), float(every_seconds)
         self._max_episode_steps = max_episode_steps
@@ -81,14 +81,15 @@ class Evaluator:
         tick = time.perf_counter()
         counts = self._counter.call("get_counts")
         wall_seconds = time.time() - self._start_time
-        fp32_return = self._evaluate(self._fp32_policies, fp32_params)
+        fp32_return = self._evaluate(self._fp32_policies, fp32_params, weights.DEFAULT_ACTOR_INT8_SCHEME)
         published = self._broadcaster.call("pull", -1)
         message = (self._weight_spec.check(weights.decode(published[1], self._weight_spec.max_message_bytes))
                    if published is not None else None)
         if message is None or (self._actor_precision == "fp32" and message.precision == "fp32"):
             actor_return = fp32_return  # the actors run exactly the fp32 params
         else:
-            actor_return = self._evaluate(self._actor_policies, weights.load(message, self._actor_precision))
+            actor_return = self._evaluate(self._actor_policies, weights.load(message, self._actor_precision),
+                                          message.int8_scheme)
         record = {
             "wall_seconds": wall_seconds,
             "learner_steps": int(counts.get("learner_steps", 0)),
@@ -132,9 +133,9 @@ class Evaluator:
             "process_cpu_seconds": process_cpu_seconds(),
         }
 
-    def _evaluate(self, policies: PolicyCache, params: dict) -> float:
+    def _evaluate(self, policies: PolicyCache, params: dict, int8_scheme: str) -> float:
         params = jax.device_put(params)
-        policy, _ = policies.for_params(params)
+        policy, _ = policies.for_scheme(int8_scheme)
         result = evaluation.evaluate(
             lambda observations: np.asarray(policy(params, observations)),
             self._env_id, self._episodes, self._seed, self._max_episode_steps, self._env_options,

@@ -4,8 +4,8 @@ publishes quantized once for all actors.
 Each `step` samples `[K, B]` transitions (blocking while the rate limiter says the actors have
 not inserted enough), runs K fused updates in one jitted call, sends new priorities back when
 the replay is prioritized, and every `publish_period` updates publishes the policy: the fp32
-params are calibrated on the step's observations (static activation ranges for int8 actors),
-encoded at the communication precision and handed to the broadcaster. Timed for the breakdown:
+params are calibrated on the step's observations when the int8 actors' scheme has static
+scales, encoded at the communication precision for that scheme and handed to the broadcaster. Timed for the breakdown:
 sample wait, update, publish.
 """
 
@@ -23,7 +23,8 @@ from qrl.checkpointing import Checkpointer
 from qrl.distributed import weights
 from qrl.distributed.agent import DistributedAgent
 from qrl.distributed.counting import process_cpu_seconds
-from qrl.quant import FP32, calibrate
+from qrl.quant import FP32, calibrate, parse_precision
+from qrl.quant.ptq import needs_calibration
 from qrl.replay import Transition
 
 SAMPLE_TIMEOUT_SECONDS = 1.0  # a blocked sample returns this often so the learner can notice stop()
@@ -41,7 +42,8 @@ class Learner:
       replay, broadcaster, counter: handles of those nodes.
       comm_precision: what publishes carry (fp32, fp16, bf16, int8).
       compress: zlib-compress each publish.
-      calibrate: ship calibrated activation ranges (static int8 activation scales) with publishes.
+      int8_scheme: the int8 actors' scheme (`weights.ACTOR_INT8_SCHEMES`): int8 publishes are
+        quantized to it; a calibrated scheme's ranges are computed at each publish.
       publish_period: updates between publishes.
       prioritized: send the update's priorities back to the replay.
       checkpoint_dir: where `save` writes (None: no checkpoints); `checkpoint_every` updates
@@ -62,7 +64,7 @@ class Learner:
         counter,
         comm_precision: str = "fp32",
         compress: bool = False,
-        calibrate: bool = True,
+        int8_scheme: str = weights.DEFAULT_ACTOR_INT8_SCHEME,
         publish_period: int = 100,
         prioritized: bool = False,
         checkpoint_dir: Optional[str] = None,
@@ -78,7 +80,8 @@ class Learner:
         self._next_sample = None
         self._comm_precision = weights.check_precision(comm_precision, weights.COMM_PRECISIONS, "communication precision")
         self._compress = bool(compress)
-        self._calibrate_ranges = bool(calibrate)
+        self._int8_scheme = weights.check_int8_scheme(int8_scheme)
+        self._calibrate_ranges = needs_calibration(parse_precision(self._int8_scheme))
         self._publish_period = int(publish_period)
         self._prioritized = bool(prioritized)
         self._replay, self._broadcaster, self._counter = replay, broadcaster, counter
@@ -174,7 +177,7 @@ class Learner:
             flat = np.asarray(observations).reshape((-1, *np.shape(observations)[2:]))[:CALIBRATION_OBSERVATIONS]
             ranges = calibrate(self._fp32_apply, params, flat)
         encode_start = time.perf_counter()
-        blob = weights.encode(params, self._comm_precision, ranges, self._compress)
+        blob = weights.encode(params, self._comm_precision, ranges, self._compress, self._int8_scheme)
         self._encode_seconds.append(time.perf_counter() - encode_start)
         if not self._fp32_bytes:
             self._fp32_bytes = weights.fp32_bytes(params)

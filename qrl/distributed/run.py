@@ -33,7 +33,6 @@ from qrl.ranges import ANY_FINITE, AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, chec
 from qrl.logging import MetricsLogger
 
 LAUNCHERS = ("inprocess", "ray")
-ACTIVATION_SCALES = ("static", "dynamic")
 CONFIG_FILE, RESULTS_FILE, CHECKPOINT_DIR = "config.json", "results.json", "checkpoints"
 # Settings a resumed run may change; everything else must match the run it continues.
 RESUMABLE_FIELDS = (
@@ -59,7 +58,7 @@ class ActorQConfig:
     actor_precision: str = "int8"
     comm_precision: Optional[str] = None  # None: int8/fp16/bf16 actors get their own precision, fp32 actors fp32.
     compress: bool = False
-    activation_scales: str = "static"  # int8 actors: calibrated (static) or per-call (dynamic) activation scales.
+    actor_int8_scheme: str = weights.DEFAULT_ACTOR_INT8_SCHEME  # int8 actors' scheme (weights.ACTOR_INT8_SCHEMES).
     actor_update_period: int = 1000  # actor steps between pulls (Acme's variable_update_period).
     sync_pull: bool = False
     publish_period: int = 100  # learner updates between publishes.
@@ -110,8 +109,9 @@ def validate(config: ActorQConfig) -> None:
     check_seed(config.seed)
     weights.check_precision(config.actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
     weights.check_precision(config.resolved_comm_precision, weights.COMM_PRECISIONS, "communication precision")
-    if config.activation_scales not in ACTIVATION_SCALES:
-        raise QrlInputError(f"--activation_scales must be one of {', '.join(ACTIVATION_SCALES)}, got {config.activation_scales!r}")
+    if config.actor_int8_scheme not in weights.ACTOR_INT8_SCHEMES:
+        raise QrlInputError(f"--actor_int8_scheme must be one of {', '.join(weights.ACTOR_INT8_SCHEMES)}, "
+                            f"got {config.actor_int8_scheme!r}")
     if config.launcher not in LAUNCHERS:
         raise QrlInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {config.launcher!r}")
     if config.ray_address and config.launcher != "ray":
@@ -176,7 +176,7 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
             agent_factory=factory, observation_spec=observation_spec, action_spec=action_spec, seed=config.seed,
             replay=NodeRef("replay"), broadcaster=NodeRef("broadcaster"), counter=NodeRef("counter"),
             comm_precision=comm_precision, compress=config.compress,
-            calibrate=config.activation_scales == "static", publish_period=config.publish_period,
+            int8_scheme=config.actor_int8_scheme, publish_period=config.publish_period,
             prioritized=config.prioritized,
             checkpoint_dir=os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR) if workdir else None,
             checkpoint_every=config.checkpoint_every, resume=resume, max_steps=config.max_learner_steps,
