@@ -33,8 +33,8 @@ def test_actorq_runs_the_task(agent, env_id):
     # prioritized replay, compressed fp16 publishes to bf16 actors, synchronous pulls, 4 envs per actor
     (dict(prioritized=True, compress=True, actor_precision="bf16", comm_precision="fp16", sync_pull=True,
           envs_per_actor=4), (0.3, 0.55)),
-    # fp32 publishes quantized by each int8 actor itself, dynamic activation scales
-    (dict(actor_precision="int8", comm_precision="fp32", activation_scales="dynamic"), (0.95, 1.05)),
+    # fp32 publishes quantized by each int8 actor itself, at QuaRL's dynamic-range scheme
+    (dict(actor_precision="int8", comm_precision="fp32", actor_int8_scheme="quarl_dyn8"), (0.95, 1.05)),
 ])
 def test_actorq_option_combinations_run(options, ratio_range):
     config = ActorQConfig(

@@ -483,30 +483,34 @@ def test_actor_single_env_interface_loads_new_versions_on_update(cartpole_specs,
     assert counter.get_counts()["actor_steps"] == 2
 
 
-def test_int8_actor_uses_static_scales_and_agrees_with_fp32(cartpole_specs, pool):
+@pytest.mark.parametrize("scheme", ["int8", "int8-obst-sym"])
+def test_int8_actor_uses_static_scales_and_agrees_with_fp32(cartpole_specs, pool, scheme):
     factory = dqn_factory(hidden_sizes="64-64")
     agent = factory(*cartpole_specs)
     params = dqn_params(agent, seed=3)
     observations = cartpole_observations(300)
     network = agent.policy_network(FP32)
     ranges = calibrate(network.apply, params, observations)
-    blob = weights.encode(params, "int8", ranges)
+    blob = weights.encode(params, "int8", ranges, int8_scheme=scheme)
     handles, broadcaster, _ = make_nodes(pool, ReplayServer(100, MinSize(1)))
     broadcaster.publish(0, blob)
     actor = make_actor(factory, handles, actor_precision="int8", noise_scale=0.0)
     actor.update(wait=True)
     loaded = actor._params  # what the actor's policy runs on
-    assert weights.has_static_scales(loaded)
     first_layer = next(path for path, layer in flat(params).items() if layer.shape == (4, 64))
     assert first_layer.endswith("['kernel']")
-    scale_path = first_layer.replace("['kernel']", "['input_scale']")
-    np.testing.assert_allclose(flat(loaded)[scale_path], np.max(np.abs(observations)) / 127, rtol=1e-6)
+    input_scale = flat(loaded)[first_layer.replace("['kernel']", "['input_scale']")]
+    if scheme == "int8-obst-sym":  # one symmetric scale for the observation: max |x| / 127
+        np.testing.assert_allclose(input_scale, np.max(np.abs(observations)) / 127, rtol=1e-6)
+    else:  # per feature on the affine grid: (max(x, 0) - min(x, 0)) / 255
+        low, high = np.minimum(observations.min(axis=0), 0), np.maximum(observations.max(axis=0), 0)
+        np.testing.assert_allclose(input_scale, (high - low) / 255, rtol=1e-6)
 
     int8_actions = np.array([int(actor.select_action(observation)) for observation in observations])
     fp32_actions = np.asarray(jax.jit(agent.policy(FP32))(params, observations))
     assert np.mean(int8_actions == fp32_actions) >= 0.9, np.mean(int8_actions == fp32_actions)
-    static_policy = jax.jit(agent.policy(parse_precision(weights.INT8_STATIC)))
-    np.testing.assert_array_equal(int8_actions, static_policy(weights.load(weights.decode(blob), "int8"), observations))
+    scheme_policy = jax.jit(agent.policy(parse_precision(scheme)))
+    np.testing.assert_array_equal(int8_actions, scheme_policy(weights.load(weights.decode(blob), "int8"), observations))
 
 
 # ----- learner --------------------------------------------------------------------------------
@@ -530,7 +534,8 @@ def make_learner(factory, specs, handles, **kwargs):
 def test_learner_steps_publish_and_serve_the_updated_params(cartpole_specs, pool):
     factory = dqn_factory()
     handles, broadcaster, counter = make_nodes(pool, filled_replay())
-    learner = make_learner(factory, cartpole_specs, handles, comm_precision="int8", publish_period=4)
+    learner = make_learner(factory, cartpole_specs, handles, comm_precision="int8", publish_period=4,
+                           int8_scheme="int8-obst-sym")
     assert learner.get_variables() == [None]
 
     assert learner.step()
@@ -548,9 +553,8 @@ def test_learner_steps_publish_and_serve_the_updated_params(cartpole_specs, pool
         learner.get_variables(["critic"])
 
     message = weights.decode(broadcaster.pull(-1)[1])
-    assert message.precision == "int8" and message.static_scales
+    assert message.precision == "int8" and message.int8_scheme == "int8-obst-sym"
     loaded = weights.load(message, "int8")
-    assert weights.has_static_scales(loaded)
     # Every sampled observation row has max |x| = 2.54: the first layer's input scale is 0.02.
     first_layer = next(path for path, layer in flat(published).items() if layer.shape == (4, 16))
     np.testing.assert_allclose(flat(loaded)[first_layer.replace("['kernel']", "['input_scale']")],
@@ -575,9 +579,11 @@ def test_learner_run_publishes_at_start_and_stops_at_max_steps(cartpole_specs, p
                            max_steps=4)
     learner.run()
     assert learner.stats()["steps"] == 4 and counter.get_counts()["learner_steps"] == 4
-    # Only the start publish (before any sample: no calibration, dynamic activation scales).
+    # Only the start publish (before any sample: no calibration, the default scheme's per-call twin).
     assert broadcaster.stats()["publishes"] == 1
-    assert not weights.decode(broadcaster.pull(-1)[1]).static_scales
+    message = weights.decode(broadcaster.pull(-1)[1])
+    assert message.input_ranges is None
+    assert message.int8_scheme == weights.uncalibrated_scheme(weights.DEFAULT_ACTOR_INT8_SCHEME)
     assert learner.stats()["run_seconds"] > 0
 
 
