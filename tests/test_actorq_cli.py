@@ -70,7 +70,7 @@ def finished(tmp_path_factory):
     jobs = {
         "dqn_int8": (str(root / "dqn_int8"), [*DQN_INT8, "--max_learner_steps=60"]),
         "d4pg_int8": (str(root / "d4pg_int8"), [*D4PG, "--num_actors=1", "--actor_precision=int8",
-                                                "--max_learner_steps=20"]),
+                                                "--actor_int8_scheme=int8", "--max_learner_steps=20"]),
         "fp32_target": (str(root / "fp32_target"), FP32_TARGET),
     }
     outcomes = launch_all(jobs)
@@ -144,6 +144,7 @@ def test_d4pg_int8_run_writes_everything(finished):
     results = check_run_directory(workdir, "d4pg", "int8")
     assert results["stop_reason"] == "max_learner_steps" and results["counts"]["learner_steps"] >= 20
     assert results["publish"]["ratio_to_fp32"] < 0.3  # the 300-200 actor
+    assert results["actor_int8_scheme"] == "int8"  # a non-default scheme: static per-feature scales
     assert set(results["learner_metrics"]) >= {"critic_loss", "actor_loss"}
 
 

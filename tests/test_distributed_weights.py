@@ -334,7 +334,7 @@ def test_unknown_precision_and_scheme_names_raise_naming_choices():
 
 def test_int8_with_ranges_missing_a_layer_names_it():
     with pytest.raises(QrlInputError, match="layer dense"):
-        encode(HAND_PARAMS, "int8", {"other": HAND_RANGES["dense"]})
+        encode(HAND_PARAMS, "int8", {"other": HAND_RANGES["dense"]}, int8_scheme="int8")
     with pytest.raises(QrlInputError, match="layer dense"):
         load(WeightMessage("fp32", "int8", HAND_PARAMS, {"other": {}}), "int8")
 

@@ -388,6 +388,7 @@ def _results(config: ActorQConfig, outcome, progress: _Progress, pids: dict, met
         "env": config.env,
         "seed": config.seed,
         "actor_precision": config.actor_precision,
+        "actor_int8_scheme": config.actor_int8_scheme,
         "comm_precision": config.resolved_comm_precision,
         "launcher": config.launcher,
         "num_actors": config.num_actors,

@@ -50,7 +50,7 @@ ACTOR_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
 # observation scales, affine grids) and its dynamic variant, QuaRL's dynamic-range int8, and the
 # per-tensor symmetric scheme qrl's actors ran before (static and dynamic).
 ACTOR_INT8_SCHEMES = ("int8", "int8-dyn", "quarl_dyn8", "int8-obst-sym", "int8-obst-sym-dyn")
-DEFAULT_ACTOR_INT8_SCHEME = "int8"  # chosen by `launch.actorq_schemes` (README, "ActorQ").
+DEFAULT_ACTOR_INT8_SCHEME = "quarl_dyn8"  # closest to fp32 in `launch.actorq_schemes` (README, "ActorQ").
 # What a calibrated scheme runs before ranges exist: the same grid, scales computed per call.
 _UNCALIBRATED = {"int8": "quarl_dyn8", "int8-dyn": "quarl_dyn8", "int8-obst-sym": "int8-obst-sym-dyn"}
 FORMAT = 2
