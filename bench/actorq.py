@@ -6,16 +6,16 @@ int8 weight updates reach an actor faster.
 1. Actor env steps/s per actor precision, with the real `qrl.distributed.actor.Actor` node run
    in this process: its replay a `ReplayServer` under `MinSize(1)` (inserts never block), its
    broadcaster holding one blob of the agent's initial policy encoded at the matching comm
-   precision (int8 with calibrated input ranges, computed as `Learner.publish` does, so the actor
-   runs static activation scales). Each run builds a fresh actor with `max_steps=N`, loads the
+   precision (int8 at the default actor scheme, `weights.DEFAULT_ACTOR_INT8_SCHEME`, given input
+   ranges calibrated as `Learner.publish` does, which a static scheme ships). Each run builds a fresh actor with `max_steps=N`, loads the
    weights and compiles outside the timed loop (`update(wait=True)`), calls `run()` and reads
    `stats()`. Precisions alternate round by round (the first round is a warm-up that also sizes
    N so the slowest precision's run lasts about `--round_seconds`); medians over rounds. Phase
    fractions of the run: env_step, inference (policy call + exploration), insert (replay
    hand-off) and other (n-step accumulation, bookkeeping). Target: int8 ≥ 1.5× fp32 in at
    least one configuration.
-2. Bytes per publish per comm precision and their ratio to fp32 (every blob carries the same
-   calibrated ranges, as the learner ships them). Target: int8 ≤ 0.26× fp32.
+2. Bytes per publish per comm precision and their ratio to fp32 (every blob carries what the
+   default scheme needs of the calibrated ranges, as the learner ships them). Target: int8 ≤ 0.26× fp32.
 3. Seconds per weight update at an actor, pull + deserialize + load (`weights.decode`,
    `weights.load`, `jax.device_put`, as `Actor._load` does), per comm → actor precision pair, in
    process (the broadcaster object in this process) and through Ray (one broadcaster Ray actor
@@ -448,7 +448,7 @@ def main(argv=None) -> None:
             print("\n".join("  " + line for line in format_actor_config(result)), flush=True)
 
     nets = [(label, prepared_configs[index]) for label, index in net_choices]
-    print("\n2. bytes per publish (ratio to fp32); every blob carries the calibrated input ranges", flush=True)
+    print("\n2. bytes per publish (ratio to fp32) at the default int8 actor scheme", flush=True)
     results["bytes"] = {label: publish_bytes(prepared) for label, prepared in nets}
     for label, result in results["bytes"].items():
         print(format_bytes(label, result), flush=True)
