@@ -158,7 +158,7 @@ def int8_params(params: Mapping, int8_scheme: str, input_ranges: Optional[Mappin
     if calibrated and input_ranges is None:
         raise QrlInputError(f"int8 scheme {precision.name} needs calibrated input ranges")
     params = serialization.to_state_dict(params)
-    ranges = serialization.to_state_dict(input_ranges) if calibrated else None
+    ranges = scheme_ranges(input_ranges, precision.name) if calibrated else None
     layers, kernels = [], []
 
     def visit(node: Mapping, node_ranges: Optional[Mapping], path: tuple) -> dict:
@@ -171,11 +171,8 @@ def int8_params(params: Mapping, int8_scheme: str, input_ranges: Optional[Mappin
                 reads_observation = bool(role & ROLE_READS_OBSERVATION)
                 layer_precision = _layer_precision(precision, role)
                 if layer_precision.activations == "static":
-                    low = _range_leaf(node_ranges, INPUT_MIN, path).astype(np.float32)
-                    high = _range_leaf(node_ranges, INPUT_MAX, path).astype(np.float32)
+                    low, high = _range_leaf(node_ranges, INPUT_MIN, path), _range_leaf(node_ranges, INPUT_MAX, path)
                     per_feature = layer_precision.per_feature_input(reads_observation)
-                    if not per_feature:
-                        low, high = low.min(), high.max()
                     input_scale, zero_point = ops.grid_range(low, high, layer_precision)
                     if per_feature:
                         kernel = kernel * input_scale[:, None]
