@@ -28,6 +28,8 @@ flags.DEFINE_integer("calibration_steps", 2048, "fp32 rollout states used to cal
 flags.DEFINE_integer("divergence_steps", 2048, "fp32 rollout states on which action divergence is measured.")
 flags.DEFINE_string("out", None, "Output directory (default: WORKDIR/ptq).")
 flags.DEFINE_integer("max_steps", None, "Cut evaluation episodes after this many steps (default: no cut).")
+flags.DEFINE_enum("ranges", "calibrate", ["calibrate", "trained"],
+                  "Static activation ranges: calibrated on fp32 rollouts, or a QAT run's trained moving averages.")
 flags.DEFINE_integer("step", None,
                      "Evaluate the checkpoint at this environment step (default: the finished run's trained policy; "
                      "needed for an unfinished run).")
@@ -46,7 +48,7 @@ def run() -> None:
         workdir, FLAGS.precisions, FLAGS.episodes, seed=FLAGS.seed,
         activations=FLAGS.activations, calibration_steps=FLAGS.calibration_steps,
         divergence_steps=FLAGS.divergence_steps, out_dir=FLAGS.out, max_steps=FLAGS.max_steps,
-        step=FLAGS.step,
+        step=FLAGS.step, trained_ranges=FLAGS.ranges == "trained",
     )
     print(f"PTQ report: {paths['report.md']}")
 

@@ -28,7 +28,7 @@ flags.DEFINE_string("precisions", studies.STUDY_PRECISIONS,
                     "Post-training precisions, both families (README, 'Quantization schemes'): QuaRL's "
                     "quarl<N>, quarl_fp16, quarl_dyn8 and qrl's int<N>[-e<M>][-obst|-obsf][-sym][-dyn].")
 flags.DEFINE_string("qat_bits", "8,6,4", "Comma-separated QAT bit widths (2..8); empty for none.")
-flags.DEFINE_float("quant_delay_fraction", 0.5, "QAT: fraction of training spent in fp32 before fake quantization.")
+flags.DEFINE_float("quant_delay_fraction", 0.5, "QAT: fraction of the run's updates trained float (ranges tracked) before fake quantization.")
 flags.DEFINE_integer("steps", None, "Environment steps per training run (default: a small per-task budget).")
 flags.DEFINE_integer("episodes", 10, "Evaluation episodes per precision and seed.")
 flags.DEFINE_multi_string("set", [], "Agent config override agent.key=value (repeatable), e.g. ppo.learning_rate=1e-3; "

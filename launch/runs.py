@@ -9,12 +9,13 @@ from typing import Any, Collection, Mapping, Optional
 
 import qrl
 from launch.common import require_workdir
-from qrl import envs, io, runtime, workdirs
+from qrl import config as qrl_config, envs, io, runtime, workdirs
 from qrl.checkpointing import Checkpointer
 from qrl.envs.ids import split_env_id
 from qrl.errors import QrlInputError
 from qrl.ranges import AT_LEAST_1, check_ranges
 from qrl.quant import check_quant_delay, parse_precisions
+from qrl.quant.qat import calibration_from_ranges
 from qrl.quant.report import write_ptq_outputs
 from qrl.quant.sweep import run_sweep
 from qrl.run_monitor import HostStart
@@ -94,10 +95,10 @@ def check_run_config(config: Any, steps: int, num_envs: Optional[int] = None) ->
     """What a training run of `steps` environment steps on `num_envs` environments (None: the
     agent's) asks of an agent config beyond its own ranges: a QAT delay shorter than the run,
     and, for agents whose config sizes the rollout, the agent's checks of that rollout."""
-    if config.qat_bits:
-        check_quant_delay(config.quant_delay, steps)
     if num_envs is not None and hasattr(config, "num_envs"):
-        config.override({"num_envs": num_envs})
+        config = config.override({"num_envs": num_envs})
+    if config.qat_bits:
+        check_quant_delay(config.quant_delay, qrl_config.total_updates(config, steps))
 
 
 def train_run(
@@ -244,13 +245,15 @@ def ptq_run(
     out_dir: Optional[str] = None,
     max_steps: Optional[int] = None,
     step: Optional[int] = None,
+    trained_ranges: bool = False,
 ) -> tuple[dict, dict]:
     """Restores the run in `workdir`, sweeps `precisions` and writes results.json, report.md and
     sweetspot.png into `out_dir` (default WORKDIR/ptq). Returns (sweep, output paths).
 
     Evaluates checkpoint `step` when given; otherwise the trained policy of a finished run (an
     unfinished one is refused: its newest checkpoint is not the trained policy). The results
-    record the step evaluated and whether the run was finished."""
+    record the step evaluated and whether the run was finished. `trained_ranges`: static scales
+    from a QAT run's moving-average ranges (what it trained with) instead of calibration."""
     parsed = parse_precisions(precisions, activations)
     check_ranges([("episodes", episodes, AT_LEAST_1), ("calibration_steps", calibration_steps, AT_LEAST_1),
                   ("divergence_steps", divergence_steps, AT_LEAST_1), ("max_steps", max_steps, AT_LEAST_1)])
@@ -259,10 +262,16 @@ def ptq_run(
     runtime.configure_jax()
     restored = restore_run(workdir, step=step, require_finished=True)
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)
+    input_ranges = None
+    if trained_ranges:
+        quant_ranges = getattr(restored.state, "quant_ranges", None)
+        if not quant_ranges:
+            raise QrlInputError(f"--ranges=trained needs a QAT run; {workdir} holds no trained activation ranges")
+        input_ranges = calibration_from_ranges(quant_ranges)
     sweep = run_sweep(
         spec, restored.agent.policy_params(restored.state), restored.env_id, parsed, episodes, seed=seed,
         calibration_steps=calibration_steps, divergence_steps=divergence_steps,
-        env_options=restored.run_config.get("env_options", {}), max_steps=max_steps,
+        env_options=restored.run_config.get("env_options", {}), max_steps=max_steps, input_ranges=input_ranges,
     )
     sweep["run"] = {
         "workdir": workdir, "agent": restored.run_config["agent"], "activations": activations,

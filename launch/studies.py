@@ -5,9 +5,10 @@ Each cell of the grid is one training run plus its evaluation, in its own direct
 
 - `fp32` cells train in fp32 (`launch.train`) and run the post-training quantization sweep
   over the study's precisions (`launch.ptq`, static activation scales).
-- `qat<N>` cells train with N-bit quantization-aware training after a quantization delay, then
-  evaluate the policy exported to its serving precision (`qrl.quant.serving_precision`) — the
-  numerics it trained with (`launch.ptq --precisions=<serving precision>`).
+- `qat<N>` cells train with N-bit quantization-aware training after a quantization delay (a
+  fraction of the run's updates), then evaluate the policy exported to static `int<N>` with
+  the moving-average ranges it trained with — the numerics it trained with
+  (`launch.ptq --precisions=int<N> --ranges=trained`).
 
 Cells run as subprocesses (each picks its own XLA threading and frees its memory) and are
 skipped when their outputs exist, so an interrupted study resumes where it stopped; a training
@@ -24,7 +25,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from launch import common, runs
 from qrl import envs, io, workdirs
-from qrl.config import QAT_MAX_BITS, QAT_MIN_BITS
+from qrl.config import QAT_MAX_BITS, QAT_MIN_BITS, total_updates
 from qrl.errors import QrlInputError
 from qrl.quant import parse_precisions, serving_precision
 from qrl.quant import study_report
@@ -170,7 +171,7 @@ def plan_cells(
                 env.close()
             config = agent.config_for(env_id, overrides.get(agent_name, {}))
             budget = steps if steps is not None else DEFAULT_STEPS.get((agent_name, env_id), FALLBACK_STEPS)
-            quant_delay = int(quant_delay_fraction * budget)
+            quant_delay = int(quant_delay_fraction * total_updates(config, budget))  # counted in updates.
             variants = [config] + [config.override({"qat_bits": bits, "quant_delay": quant_delay}) for bits in qat_bits]
             for variant in variants:
                 runs.check_run_config(variant, budget, num_envs)
@@ -228,7 +229,7 @@ def run_cell(
     eval_dir = os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
     if not os.path.exists(os.path.join(eval_dir, runs.RESULTS_FILE)):
         if cell.qat_bits:
-            args = [f"--precisions={serving_precision(cell.qat_bits).name}"]
+            args = [f"--precisions={serving_precision(cell.qat_bits).name}", "--ranges=trained"]
         else:
             args = [f"--precisions={precisions}", "--activations=static"]
         args += [f"--workdir={train_dir}", f"--episodes={episodes}", f"--out={eval_dir}", *eval_args]

@@ -2,9 +2,10 @@
 
     python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --seed=0 \\
         --workdir=runs/dqn_cartpole
-    # quantization-aware training: fp32 for 20k steps, then 8-bit fake quantization
+    # quantization-aware training: float for 12288 updates (half the run's), ranges tracked,
+    # then 8-bit fake quantization; --set=qat_backend=aqt trains through AQT instead
     python -m launch.train --agent=dqn --env=gym:CartPole-v1 --steps=50000 --qat_bits=8 \\
-        --quant_delay=20000 --workdir=runs/dqn_cartpole_qat8
+        --quant_delay=12288 --workdir=runs/dqn_cartpole_qat8
     # a named preset: DQN as QuaRL trained it (64-unit layer-normalized dueling MLP, its zoo
     # hyperparameters); --set=preset=quarl is the same, and launch.quarl_study takes --set=dqn.preset=quarl
     python -m launch.train --agent=dqn --env=gym:CartPole-v1 --preset=quarl --steps=100000 \\
@@ -50,7 +51,8 @@ flags.DEFINE_integer("checkpoint_every", 0, "Checkpoint every N environment step
 flags.DEFINE_integer("qat_bits", None,
                      "Quantization-aware training of the policy network at N bits (2..8); default off.")
 flags.DEFINE_integer("quant_delay", None,
-                     "With --qat_bits: environment steps of fp32 training before fake quantization starts.")
+                     "With --qat_bits: updates (gradient steps) of float training before fake quantization "
+                     "starts; activation ranges are tracked during the delay.")
 flags.DEFINE_string("preset", None,
                     "Named preset of the agent for --env instead of its default one, e.g. quarl "
                     "(DQN on gym:CartPole-v1 as QuaRL trained it); the same as --set=preset=NAME.")

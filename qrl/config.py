@@ -15,6 +15,7 @@ from qrl.errors import QrlInputError
 MATMUL_DTYPES = ("fp32", "bf16")  # training matmul dtypes; bf16 multiplies with fp32 accumulation.
 QAT_MIN_BITS = 2
 QAT_MAX_BITS = 8
+QAT_BACKENDS = ("qrl", "aqt")  # qrl.quant.qat: qrl's own fake quantization, or AQT's matmul.
 
 ConfigT = TypeVar("ConfigT")
 
@@ -102,7 +103,8 @@ def check_choice(config: Any, name: str, choices: Iterable[str], agent_name: str
 
 
 def check_qat_fields(config: Any, agent_name: str) -> None:
-    """`qat_bits` is 0 (off) or in 2..8; `quant_delay` (environment steps) is >= 0."""
+    """`qat_bits` is 0 (off) or in 2..8; `quant_delay` (updates) is >= 0; `qat_backend` is
+    one of `QAT_BACKENDS`."""
     bits = config.qat_bits
     if bits != 0 and not QAT_MIN_BITS <= bits <= QAT_MAX_BITS:
         raise QrlInputError(
@@ -110,6 +112,23 @@ def check_qat_fields(config: Any, agent_name: str) -> None:
         )
     if config.quant_delay < 0:
         raise QrlInputError(f"{agent_name.upper()} config quant_delay must be >= 0, got {config.quant_delay}")
+    check_choice(config, "qat_backend", QAT_BACKENDS, agent_name)
+
+
+def total_updates(config: Any, steps: int) -> int:
+    """Gradient updates a run of `steps` environment steps takes — the unit of `quant_delay`.
+
+    Off-policy configs (`train_freq`, `gradient_steps`, `learning_starts`): `gradient_steps`
+    every `train_freq` steps from `max(learning_starts, train_freq)` on. On-policy configs
+    (`num_steps`, `num_envs`): one update per rollout of `num_steps x num_envs` steps (A2C), or
+    `num_epochs x num_minibatches` per rollout (PPO).
+    """
+    if hasattr(config, "num_steps"):
+        iterations = max(1, math.ceil(steps / (config.num_steps * config.num_envs)))
+        return iterations * getattr(config, "num_epochs", 1) * getattr(config, "num_minibatches", 1)
+    first = max(config.learning_starts, config.train_freq)
+    trainable_steps = max(steps - first + config.train_freq, 0)
+    return max(1, trainable_steps // config.train_freq * config.gradient_steps)
 
 
 class ConfigMethods:

@@ -39,7 +39,11 @@ from qrl.envs.functional import FunctionalEnv, episode_returns, is_device_id, ma
 from qrl.errors import QrlInputError
 from qrl.logging import MetricsLogger
 from qrl.networks.continuous import bounds as action_bounds, compute_params
-from qrl.quant import FP32, Precision, check_quant_delay, parse_precision, qat_precision
+from qrl import config as qrl_config
+from qrl.quant import (
+    FP32, Precision, check_quant_delay, init_ranges, make_exporter, parse_precision, qat_precision, serving_precision,
+)
+from qrl.quant.qat import range_roles
 from qrl.quant.sweep import PolicySpec
 from qrl.replay import DeviceReplay, NStepAccumulator, Transition, UniformReplay, nstep_window_init, nstep_window_push
 from qrl.run_monitor import RECENT_EPISODES, HostStart, TrainingMonitor
@@ -68,6 +72,7 @@ class OffPolicyAgent:
         updates under one `lax.scan`, metrics averaged over them. Not jitted (the loops jit).
       policy_params: `state -> the actor's params`.
       update_count: `state -> int32 count of updates taken`.
+      quant_ranges: `state -> the QAT actor's input ranges` (`{}` without QAT).
     """
 
     name: str
@@ -77,6 +82,7 @@ class OffPolicyAgent:
     update: Callable[[Optional[Precision]], UpdateFn]
     policy_params: Callable[[Any], Any]
     update_count: Callable[[Any], jax.Array]
+    quant_ranges: Callable[[Any], Any] = lambda state: state.quant_ranges
 
 
 BuildFn = Callable[[Any, Any, Any], OffPolicyAgent]  # (config, observation_spec, action_spec)
@@ -94,6 +100,7 @@ class DeterministicTrainState:
     actor_opt_state: optax.OptState
     critic_opt_state: optax.OptState
     updates: jax.Array  # int32 count of gradient updates taken.
+    quant_ranges: dict = flax.struct.field(default_factory=dict)  # QAT: the actor's input ranges.
 
 
 # ----- helpers shared by the agents' learning code --------------------------------------------
@@ -145,6 +152,19 @@ def training_precision(config) -> Precision:
     return FP32 if config.matmul_dtype == "fp32" else parse_precision(config.matmul_dtype)
 
 
+def qat_actor_precision(config, quantize: bool = True) -> Precision:
+    """The QAT actor's precision: `qat<N>` on the config's backend (`quantize=False`: the
+    quantization delay's float forward pass, ranges tracked)."""
+    return qat_precision(config.qat_bits, config.qat_backend, fake_quant=quantize)
+
+
+def init_quant_ranges(config, make_actor, bounds, key: jax.Array, observations: jax.Array) -> dict:
+    """The QAT actor's input ranges before any batch (`{}` without QAT)."""
+    if not config.qat_bits:
+        return {}
+    return init_ranges(make_actor(config, bounds, qat_actor_precision(config)), key, observations)
+
+
 def deterministic_policy(make_actor, config, bounds, precision: Optional[Precision] = None) -> PolicyFn:
     """`policy(actor_params, observations [N, D]) -> actions [N, A]` of the network
     `make_actor(config, bounds, precision)` (precision None: `training_precision(config)`)."""
@@ -189,8 +209,18 @@ def _bounds(action_spec) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _qat_precisions(config) -> tuple[Optional[Precision], ...]:
-    """The actor precisions a run trains at: the agent's own, then QAT's when `qat_bits` > 0."""
-    return (None, qat_precision(config.qat_bits)) if config.qat_bits else (None,)
+    """The actor precisions a run's updates use: the agent's own; with `qat_bits` > 0, the
+    quantization delay's (float, ranges tracked), then QAT's."""
+    if not config.qat_bits:
+        return (None,)
+    return (qat_actor_precision(config, quantize=False), qat_actor_precision(config))
+
+
+def _quantized_acting(agent: OffPolicyAgent, config, roles=None) -> Callable[[Any], Any]:
+    """`state -> int<N> actor params`: the QAT actor exported with its trained ranges (what a
+    run acts and evaluates with once quantized)."""
+    export = make_exporter(config.qat_bits, roles)
+    return lambda state: export(agent.policy_params(state), agent.quant_ranges(state))
 
 
 # ----- the host loop -------------------------------------------------------------------------
@@ -257,20 +287,34 @@ def train_host(
     observation_spec, action_spec = vector_env.observation_spec(), vector_env.action_spec()
     check_env(env_id, action_spec)
     if config.qat_bits:
-        check_quant_delay(config.quant_delay, steps)
+        check_quant_delay(config.quant_delay, qrl_config.total_updates(config, steps))
     agent = build(config, observation_spec, action_spec)
     low, high = _bounds(action_spec)
     action_shape = (num_envs,) + tuple(action_spec.shape)
 
     state = agent.init(jax.random.PRNGKey(seed)) if start is None else start.state
     precisions = _qat_precisions(config)
-    acts = {precision: jax.jit(agent.act(precision)) for precision in precisions}
-    policies = {precision: jax.jit(agent.policy(precision)) for precision in precisions}
     updates = {precision: jax.jit(agent.update(precision), donate_argnums=0) for precision in precisions}
-    precision = None
+    acting_precisions = (None, serving_precision(config.qat_bits)) if config.qat_bits else (None,)
+    acts = {precision: jax.jit(agent.act(precision)) for precision in acting_precisions}
+    policies = {precision: jax.jit(agent.policy(precision)) for precision in acting_precisions}
+    export = _quantized_acting(agent, config) if config.qat_bits else None
+    updates_taken = int(agent.update_count(state))
+    trained_quantized = bool(config.qat_bits) and updates_taken > config.quant_delay  # a resumed QAT run.
+    acting_precision, acting_params = None, agent.policy_params(state)
+
+    def refresh_acting():
+        """Acting and evaluation: the float actor, or once QAT updates ran its int<N> export."""
+        nonlocal acting_precision, acting_params
+        if trained_quantized:
+            acting_precision, acting_params = acting_precisions[-1], export(state)
+        else:
+            acting_params = agent.policy_params(state)
+
+    refresh_acting()
 
     def evaluation_policy(observations):
-        return np.asarray(policies[precision](agent.policy_params(state), observations))
+        return np.asarray(policies[acting_precision](acting_params, observations))
 
     replay = UniformReplay(config.buffer_size, seed=seed)
     if start is not None and start.replay is not None:
@@ -292,13 +336,11 @@ def train_host(
         next_train += config.train_freq
     observations = vector_env.reset()
     while env_steps < steps:
-        if config.qat_bits and env_steps >= config.quant_delay:
-            precision = precisions[-1]
         if env_steps < config.learning_starts:
             actions = rng.uniform(low, high, action_shape).astype(np.float32)
         else:
             noise = rng.standard_normal(action_shape, dtype=np.float32)
-            actions = np.asarray(acts[precision](agent.policy_params(state), observations, noise))
+            actions = np.asarray(acts[acting_precision](acting_params, observations, noise))
         timestep = vector_env.step(actions)
         recorder.record(observations, actions, timestep, monitor)
         observations_before, observations = observations, timestep.observation
@@ -307,9 +349,12 @@ def train_host(
         train_metrics = None
         if env_steps >= next_train and len(replay):
             while next_train <= env_steps:
+                trained_quantized = bool(config.qat_bits) and updates_taken >= config.quant_delay
                 batches = replay.sample(config.batch_size, config.gradient_steps)
-                state, train_metrics = updates[precision](state, batches)
+                state, train_metrics = updates[precisions[-1] if trained_quantized else precisions[0]](state, batches)
+                updates_taken += config.gradient_steps
                 next_train += config.train_freq
+            refresh_acting()
         if observer is not None:
             observer(env_steps, state, observations_before, actions, timestep)
         monitor.step(env_steps, state, train_metrics, config)
@@ -332,7 +377,9 @@ class DeviceSchedule:
     One iteration steps all N envs `rollout` times (`rollout * N` environment steps), then
     takes `updates_per_iteration` fused updates, so updates per environment step match the
     host loop's `gradient_steps / train_freq`. Warm-up iterations act uniformly at random and
-    do not update; QAT iterations (from `quant_delay` on) train the actor fake-quantized.
+    do not update; QAT iterations (once `quant_delay` updates are taken, and after at least
+    one float iteration, whose updates give the ranges the int<N> acting export needs) train
+    the actor fake-quantized.
     """
 
     rollout: int
@@ -350,7 +397,7 @@ class DeviceSchedule:
         warmup = min(total, -(-config.learning_starts // per_iteration))
         qat_start = total
         if config.qat_bits:
-            qat_start = min(total, max(warmup, -(-config.quant_delay // per_iteration)))
+            qat_start = min(total, warmup + max(1, -(-config.quant_delay // updates)))
         return cls(rollout, updates, warmup, qat_start - warmup, total - qat_start)
 
 
@@ -376,15 +423,19 @@ def make_train(
     action_shape = (num_envs,) + tuple(action_spec.shape)
     replay = DeviceReplay(config.buffer_size, num_envs)
     precisions = _qat_precisions(config)
+    float_acting = (agent.act(None), agent.policy_params)
+    if config.qat_bits:  # layer places are constants of the network: read once from a fresh state.
+        roles = range_roles(agent.quant_ranges(jax.jit(agent.init)(jax.random.PRNGKey(0))))
+        quantized_acting = (agent.act(serving_precision(config.qat_bits)), _quantized_acting(agent, config, roles))
 
-    def env_step(carry, act):
+    def env_step(carry, act, acting_params):
         state, env_state, observations, replay_state, window, stats, key = carry
         key, noise_key, step_key = jax.random.split(key, 3)
         if act is None:
             actions = jax.random.uniform(noise_key, action_shape, jnp.float32, low, high)
         else:
             noise = jax.random.normal(noise_key, action_shape, jnp.float32)
-            actions = act(agent.policy_params(state), observations, noise)
+            actions = act(acting_params, observations, noise)
         env_state, timestep = env.step(env_state, actions, step_key)
         done = timestep.step_type == 2
         window, transition, valid = nstep_window_push(
@@ -395,8 +446,10 @@ def make_train(
         stats = _record_episodes(stats, timestep.reward, done)
         return (state, env_state, timestep.observation, replay_state, window, stats, key)
 
-    def iteration(carry, act, update):
-        carry = jax.lax.fori_loop(0, schedule.rollout, lambda _, c: env_step(c, act), carry)
+    def iteration(carry, acting, update):
+        """One rollout with `acting = (act, state -> acting params)` (None: uniform), then updates."""
+        act, acting_params = (None, None) if acting is None else (acting[0], acting[1](carry[0]))
+        carry = jax.lax.fori_loop(0, schedule.rollout, lambda _, c: env_step(c, act, acting_params), carry)
         if update is None:
             return carry, {}
         state, env_state, observations, replay_state, window, stats, key = carry
@@ -405,11 +458,11 @@ def make_train(
         state, metrics = update(state, batches)
         return (state, env_state, observations, replay_state, window, stats, key), metrics
 
-    def run_phase(carry, iterations, act, update, metrics):
+    def run_phase(carry, iterations, acting, update, metrics):
         """`iterations` iterations under one scan; returns the last iteration's metrics."""
         if iterations == 0:
             return carry, metrics
-        carry, phase_metrics = jax.lax.scan(lambda c, _: iteration(c, act, update), carry, None, iterations)
+        carry, phase_metrics = jax.lax.scan(lambda c, _: iteration(c, acting, update), carry, None, iterations)
         if update is None:
             return carry, metrics
         return carry, jax.tree.map(lambda m: m[-1], phase_metrics)
@@ -430,12 +483,11 @@ def make_train(
         metrics = jax.eval_shape(agent.update(None), state, _batch_like(example, config.batch_size))[1]
         metrics = jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype), metrics)
         carry, _ = run_phase(carry, schedule.warmup_iterations, None, None, metrics)
-        carry, metrics = run_phase(
-            carry, schedule.fp32_iterations, agent.act(precisions[0]), agent.update(precisions[0]), metrics
-        )
-        carry, metrics = run_phase(
-            carry, schedule.qat_iterations, agent.act(precisions[-1]), agent.update(precisions[-1]), metrics
-        )
+        carry, metrics = run_phase(carry, schedule.fp32_iterations, float_acting, agent.update(precisions[0]), metrics)
+        if schedule.qat_iterations:
+            carry, metrics = run_phase(
+                carry, schedule.qat_iterations, quantized_acting, agent.update(precisions[-1]), metrics
+            )
         state, *_, stats, _ = carry
         iterations = schedule.warmup_iterations + schedule.fp32_iterations + schedule.qat_iterations
         summary = {
@@ -446,8 +498,10 @@ def make_train(
             "metrics": metrics,
         }
         if eval_env is not None:
-            policy = agent.policy(precisions[-1] if schedule.qat_iterations else precisions[0])
-            params = agent.policy_params(state)
+            if schedule.qat_iterations:
+                policy, params = agent.policy(serving_precision(config.qat_bits)), quantized_acting[1](state)
+            else:
+                policy, params = agent.policy(None), agent.policy_params(state)
             summary["eval_returns"], summary["eval_lengths"] = episode_returns(
                 eval_env, lambda obs: policy(params, obs), eval_key
             )
@@ -509,7 +563,7 @@ def train_on_device(
     env = make_functional(env_id, num_envs, **env_options)
     check_env(env_id, env.action_spec())
     if config.qat_bits:
-        check_quant_delay(config.quant_delay, steps)
+        check_quant_delay(config.quant_delay, qrl_config.total_updates(config, steps))
     eval_env = make_functional(env_id, eval_episodes, **env_options)
     agent = build(config, env.observation_spec(), env.action_spec())
     train_fn = jax.jit(make_train(agent, config, env, steps, eval_env))

@@ -13,12 +13,16 @@ from one `[T, N]` rollout (several epochs of minibatches for PPO, one step for A
   pure and vmappable over seeds. `train_device` runs the same iteration in host-driven chunks
   for logging, evaluation and checkpoints.
 
-Quantization-aware training (`config.qat_bits > 0`): acting and updates switch from the fp32
-actor to the `qat_precision(bits)` actor (same parameters) once `config.quant_delay`
-environment steps have been taken — the host loop switches functions, the device loop
-`lax.cond`s on its step counter. Critics stay fp32.
+Quantization-aware training (`config.qat_bits > 0`, `qrl.quant.qat`): the actor's updates run
+float for the first `config.quant_delay` updates (gradient steps) while its moving-average input
+ranges (`TrainState.quant_ranges`) are tracked, then fake-quantized (`qat<N>` on
+`config.qat_backend`). The switch happens at a rollout boundary: an iteration's updates are all
+quantized once `state.updates >= quant_delay`. Once a quantized update has been taken
+(`updates > quant_delay`), acting and evaluation run the actor exported to static `int<N>` with
+its trained ranges — the deployed numerics. The host loop switches functions; the device loop
+`lax.switch`es on the update counter. Critics stay fp32.
 
-Config fields the loops read: `num_envs`, `num_steps` (T), `qat_bits`, `quant_delay`.
+Config fields the loops read: `num_envs`, `num_steps` (T), `qat_bits`, `quant_delay`, `qat_backend`.
 """
 
 import dataclasses
@@ -39,7 +43,11 @@ from qrl import distributions, envs, losses
 from qrl.envs.functional import FunctionalEnv, episode_returns, make_functional
 from qrl.errors import QrlInputError
 from qrl.evaluation import EvalResult
-from qrl.quant import FP32, Precision, check_quant_delay, qat_precision
+from qrl import config as qrl_config
+from qrl.quant import (
+    FP32, Precision, apply_tracking, check_quant_delay, init_ranges, make_exporter, qat_precision, serving_precision,
+)
+from qrl.quant.qat import range_roles
 from qrl.quant.sweep import PolicySpec
 from qrl.run_monitor import EVAL_SEED_OFFSET, RECENT_EPISODES, HostStart, TrainingMonitor
 
@@ -164,6 +172,15 @@ class ActorCritic:
         outputs = self.actor.apply({"params": params["actor"]}, observations)
         return self.head.log_prob_and_entropy(outputs, params.get("log_std"), actions)
 
+    def log_prob_entropy_and_ranges(
+        self, params: dict, quant_ranges: dict, observations: jax.Array, actions: jax.Array
+    ) -> tuple[jax.Array, jax.Array, dict]:
+        """The training-mode `log_prob_and_entropy`: also returns the actor's QAT input ranges
+        moved towards this batch's (`{}` unchanged without QAT)."""
+        outputs, quant_ranges = apply_tracking(self.actor, params["actor"], quant_ranges, observations)
+        log_prob, entropy = self.head.log_prob_and_entropy(outputs, params.get("log_std"), actions)
+        return log_prob, entropy, quant_ranges
+
     def value(self, params: dict, observations: jax.Array) -> jax.Array:
         """V(observations) `[...]` for observations `[..., obs]` (any leading axes)."""
         return self.critic.apply({"params": params["critic"]}, observations)
@@ -176,6 +193,12 @@ class ActorCritic:
 def acting_params(params: dict) -> dict:
     """The part of the params acting needs (actor and log_std): fewer leaves per act call."""
     return {name: value for name, value in params.items() if name != "critic"}
+
+
+def quantized_acting_params(export: Callable[[Any, Any], Any], params: dict, quant_ranges: dict) -> dict:
+    """`acting_params` with the actor exported to static `int<N>` with its trained ranges
+    (`export` from `qrl.quant.make_exporter`): what a QAT run acts and evaluates with."""
+    return dict(acting_params(params), actor=export(params["actor"], quant_ranges))
 
 
 # --- Rollouts, advantages, train state ---------------------------------------------------------
@@ -232,6 +255,7 @@ class TrainState:
     key: jax.Array  # minibatch shuffling
     updates: jax.Array  # int32 gradient steps taken
     iterations: jax.Array  # int32 rollouts learned from
+    quant_ranges: dict = flax.struct.field(default_factory=dict)  # QAT: the actor's input ranges.
 
 
 def linear_decay(initial: float, num_iterations: int, updates_per_iteration: int = 1) -> Callable[[jax.Array], jax.Array]:
@@ -247,9 +271,14 @@ def linear_decay(initial: float, num_iterations: int, updates_per_iteration: int
 
 
 def init_state(
-    key: jax.Array, actor_critic: ActorCritic, optimizer: optax.GradientTransformation, observation_spec: specs.Array
+    key: jax.Array,
+    actor_critic: ActorCritic,
+    optimizer: optax.GradientTransformation,
+    observation_spec: specs.Array,
+    qat_actor: Optional[nn.Module] = None,
 ) -> TrainState:
-    """A fresh train state (one jitted call)."""
+    """A fresh train state (one jitted call); with a `qat_actor` (see `qat_actor`), its
+    unseen input ranges."""
     dummy = jnp.zeros((1, *observation_spec.shape), observation_spec.dtype)
 
     @jax.jit
@@ -257,7 +286,8 @@ def init_state(
         params_key, state_key = jax.random.split(key)
         params = actor_critic.init(params_key, dummy)
         zero = jnp.zeros((), jnp.int32)
-        return TrainState(params, optimizer.init(params), state_key, zero, zero)
+        quant_ranges = {} if qat_actor is None else init_ranges(qat_actor, params_key, dummy)
+        return TrainState(params, optimizer.init(params), state_key, zero, zero, quant_ranges)
 
     return fresh(key)
 
@@ -357,9 +387,36 @@ def iterations_for(config: Any, steps: int) -> int:
     return max(1, math.ceil(steps / (config.num_steps * config.num_envs)))
 
 
-def precisions(config: Any) -> list[Precision]:
-    """FP32, then the QAT precision when `qat_bits > 0`."""
-    return [FP32] + ([qat_precision(config.qat_bits)] if config.qat_bits else [])
+def update_precisions(config: Any) -> tuple[Precision, ...]:
+    """The actor precisions a run's updates use: fp32; with `qat_bits` > 0, the quantization
+    delay's (float forward, ranges tracked), then `qat<N>` on the config's backend."""
+    if not config.qat_bits:
+        return (FP32,)
+    return tuple(qat_precision(config.qat_bits, config.qat_backend, fake_quant=quantize) for quantize in (False, True))
+
+
+def acting_precisions(config: Any) -> tuple[Precision, ...]:
+    """The actor precisions a run acts with: fp32, and with QAT the static `int<N>` export."""
+    return (FP32, serving_precision(config.qat_bits)) if config.qat_bits else (FP32,)
+
+
+def qat_actor(make_actor_critic: Callable[..., ActorCritic], config: Any, observation_spec: specs.Array,
+              action_spec: specs.Array) -> Optional[nn.Module]:
+    """The QAT actor whose ranges a train state carries (None without QAT)."""
+    if not config.qat_bits:
+        return None
+    return make_actor_critic(config, observation_spec, action_spec, update_precisions(config)[-1]).actor
+
+
+def _quantized_updates(config: Any, updates: int) -> bool:
+    """Whether an iteration starting at `updates` gradient steps updates fake-quantized."""
+    return bool(config.qat_bits) and updates >= config.quant_delay
+
+
+def _quantized_acting(config: Any, updates: int) -> bool:
+    """Whether a run at `updates` gradient steps acts with the int<N> export (a quantized update
+    has been taken)."""
+    return bool(config.qat_bits) and updates > config.quant_delay
 
 
 def _check_run(agent: OnPolicyAgent, config: Any, steps: int, num_envs: Optional[int]) -> Any:
@@ -371,7 +428,7 @@ def _check_run(agent: OnPolicyAgent, config: Any, steps: int, num_envs: Optional
         config = config.replace(num_envs=int(num_envs))
     agent.validate(config)
     if config.qat_bits:
-        check_quant_delay(config.quant_delay, steps)
+        check_quant_delay(config.quant_delay, qrl_config.total_updates(config, steps))
     return config
 
 
@@ -477,19 +534,29 @@ def train_host(
         state, env_steps = agent.init(jax.random.PRNGKey(seed), config, observation_spec, action_spec), 0
     else:
         state, env_steps = start.state, int(start.env_steps)
-    actor_critics, acts, greedy, updates = {}, {}, {}, {}
-    for precision in precisions(config):
-        actor_critics[precision] = agent.make_actor_critic(config, observation_spec, action_spec, precision)
-        acts[precision] = make_act(actor_critics[precision])
-        greedy[precision] = jax.jit(actor_critics[precision].greedy)
-        updates[precision] = jax.jit(
-            agent.make_update(config, observation_spec, action_spec, iterations, precision), donate_argnums=0
-        )
-    head = actor_critics[FP32].head
-    precision = FP32
+    acts, greedy = {}, {}
+    for precision in acting_precisions(config):
+        actor_critic = agent.make_actor_critic(config, observation_spec, action_spec, precision)
+        acts[precision], greedy[precision] = make_act(actor_critic), jax.jit(actor_critic.greedy)
+    update_fns = [
+        jax.jit(agent.make_update(config, observation_spec, action_spec, iterations, precision), donate_argnums=0)
+        for precision in update_precisions(config)
+    ]
+    update_float, update_quantized = update_fns[0], update_fns[-1]  # the same function without QAT.
+    head = actor_critic.head
+    export = make_exporter(config.qat_bits) if config.qat_bits else None
+
+    def acting_now():
+        """The acting precision and params for the current state: float, or once a quantized
+        update has been taken, the int<N> export with the trained ranges."""
+        if _quantized_acting(config, int(state.updates)):
+            return acting_precisions(config)[-1], quantized_acting_params(export, state.params, state.quant_ranges)
+        return FP32, acting_params(state.params)
+
+    precision, params = acting_now()
     monitor = TrainingMonitor(
         agent.name, env_id, steps, seed, workdir,
-        lambda observations: np.asarray(greedy[precision](acting_params(state.params), observations)),
+        lambda observations: np.asarray(greedy[precision](params, observations)),
         eval_episodes, eval_every, checkpoint_every, log_every, progress, env_options,
         start_steps=env_steps, evaluations=() if start is None else start.evaluations,
     )
@@ -500,9 +567,7 @@ def train_host(
     episode_returns_now = np.zeros(config.num_envs, np.float64)
     observations = vector_env.reset()
     for _ in range(iterations - env_steps // steps_per_iteration):
-        if config.qat_bits and env_steps >= config.quant_delay:
-            precision = qat_precision(config.qat_bits)
-        act, params = acts[precision], acting_params(state.params)
+        act = acts[precision]
         for t in range(config.num_steps):
             act_key, actions, log_prob = act(params, observations, act_key)
             actions = np.asarray(actions)
@@ -522,7 +587,9 @@ def train_host(
                 episode_returns_now[last] = 0.0
             observations = timestep.observation
         env_steps += steps_per_iteration
-        state, metrics = updates[precision](state, buffer.rollout())
+        update = update_quantized if _quantized_updates(config, int(state.updates)) else update_float
+        state, metrics = update(state, buffer.rollout())
+        precision, params = acting_now()
         monitor.step(env_steps, state, metrics, config)
     vector_env.close()
     results = monitor.finish(env_steps, state, config, updates=int(state.updates), extra=_results_extra(config))
@@ -555,10 +622,15 @@ def _make_iteration(agent: OnPolicyAgent, config: Any, env: FunctionalEnv, itera
     observation_spec, action_spec = env.observation_spec(), env.action_spec()
     ring = RECENT_EPISODES
 
-    def build(precision):
-        actor_critic = agent.make_actor_critic(config, observation_spec, action_spec, precision)
-        update = agent.make_update(config, observation_spec, action_spec, iterations, precision)
+    if config.qat_bits:  # layer places are constants of the network: read once from a fresh state.
+        roles = range_roles(agent.init(jax.random.PRNGKey(0), config, observation_spec, action_spec).quant_ranges)
+        export = make_exporter(config.qat_bits, roles)
+
+    def build(acting_precision, update_precision):
+        actor_critic = agent.make_actor_critic(config, observation_spec, action_spec, acting_precision)
+        update = agent.make_update(config, observation_spec, action_spec, iterations, update_precision)
         head = actor_critic.head
+        quantized = acting_precision != FP32
 
         def env_step(carry, _):
             runner, params, returns_sum = carry
@@ -587,7 +659,12 @@ def _make_iteration(agent: OnPolicyAgent, config: Any, env: FunctionalEnv, itera
 
         def iteration(runner):
             episodes_before = runner.episodes
-            carry = (runner, acting_params(runner.state.params), jnp.zeros((), jnp.float32))
+            state = runner.state
+            if quantized:
+                params = quantized_acting_params(export, state.params, state.quant_ranges)
+            else:
+                params = acting_params(state.params)
+            carry = (runner, params, jnp.zeros((), jnp.float32))
             (runner, _, returns_sum), rollout = jax.lax.scan(env_step, carry, None, config.num_steps)
             state, metrics = update(runner.state, rollout)
             runner = runner.replace(state=state, env_steps=runner.env_steps + config.num_steps * config.num_envs)
@@ -596,13 +673,18 @@ def _make_iteration(agent: OnPolicyAgent, config: Any, env: FunctionalEnv, itera
 
         return iteration
 
-    iteration_fp32 = build(FP32)
+    float_update, quantized_update = update_precisions(config)[0], update_precisions(config)[-1]
     if not config.qat_bits:
-        return iteration_fp32
-    iteration_qat = build(qat_precision(config.qat_bits))
+        return build(FP32, float_update)
+    serving = acting_precisions(config)[-1]
+    branches = [build(FP32, float_update), build(FP32, quantized_update), build(serving, quantized_update)]
 
     def iteration(runner):
-        return jax.lax.cond(runner.env_steps >= config.quant_delay, iteration_qat, iteration_fp32, runner)
+        """Float updates before the delay; the first quantized iteration still acts float (its
+        ranges may be unseen); after it, int<N> acting."""
+        updates = runner.state.updates
+        phase = (updates >= config.quant_delay).astype(jnp.int32) + (updates > config.quant_delay).astype(jnp.int32)
+        return jax.lax.switch(phase, branches, runner)
 
     return iteration
 
@@ -716,13 +798,18 @@ def train_device(
         precision: make_device_evaluator(
             agent.make_actor_critic(config, env.observation_spec(), env.action_spec(), precision), eval_env
         )
-        for precision in precisions(config)
+        for precision in acting_precisions(config)
     }
+    export = make_exporter(config.qat_bits) if config.qat_bits else None
 
     def evaluate() -> EvalResult:
-        quantized = config.qat_bits and int(runner.env_steps) >= config.quant_delay
-        precision = qat_precision(config.qat_bits) if quantized else FP32
-        return evaluators[precision](acting_params(runner.state.params), seed + EVAL_SEED_OFFSET)
+        state = runner.state
+        if _quantized_acting(config, int(state.updates)):
+            precision = acting_precisions(config)[-1]
+            params = quantized_acting_params(export, state.params, state.quant_ranges)
+        else:
+            precision, params = FP32, acting_params(state.params)
+        return evaluators[precision](params, seed + EVAL_SEED_OFFSET)
 
     monitor = _DeviceMonitor(
         evaluate, agent.name, env_id, steps, seed, workdir, None,

@@ -86,3 +86,24 @@ def test_make_train_on_device_smoke():
     state, metrics = jax.jit(a2c.make_train(config, "gymnax:CartPole-v1", 400))(jax.random.PRNGKey(0))
     assert metrics["loss"].shape == (10,) and int(state.updates) == 10
     assert int(metrics["env_steps"][-1]) == 400
+
+
+@pytest.mark.parametrize("backend", ["qrl", "aqt"])
+def test_learns_gymnax_cartpole_with_qat8_on_device(backend):
+    """rl-zoo's CartPole A2C setting on gymnax, 500k steps, QAT8 after half the updates,
+    evaluated as the static int8 export with the trained ranges (measured 500.0 on both
+    backends, seed 0; the host fp32 test's threshold)."""
+    from qrl import onpolicy
+    from qrl.config import total_updates
+    from qrl.envs import make_functional
+    from qrl.quant import make_exporter, serving_precision
+
+    config = a2c.config_for("gymnax:CartPole-v1", {"qat_bits": 8, "qat_backend": backend})
+    config = config.override({"quant_delay": total_updates(config, 500_000) // 2})
+    state, _ = jax.jit(a2c.make_train(config, "gymnax:CartPole-v1", 500_000))(jax.random.PRNGKey(0))
+    assert int(state.updates) == 12_500 and int(state.quant_ranges["head"]["seen"]) == 12_500
+    env = make_functional("gymnax:CartPole-v1", 10)
+    int8_actor_critic = a2c.networks.make_actor_critic(config, env.observation_spec(), env.action_spec(),
+                                                       serving_precision(8))
+    params = onpolicy.quantized_acting_params(make_exporter(8), state.params, state.quant_ranges)
+    assert onpolicy.make_device_evaluator(int8_actor_critic, env)(params, 1_000_000).mean >= 200.0

@@ -144,3 +144,10 @@ def test_train_cli_learns_cartpole(tmp_path):
         results = json.load(file)
     assert results["config"]["agent_config"]["flat_optimizer"] is True
     assert results["final_eval"]["mean"] >= 475.0, results["final_eval"]
+
+
+def test_ptq_trained_ranges_need_a_qat_run(trained_run, tmp_path):
+    completed = run_module("launch.ptq", f"--workdir={trained_run}", "--precisions=int8", "--ranges=trained",
+                           f"--out={tmp_path / 'ptq'}")
+    assert_input_error(completed, "--ranges=trained needs a QAT run")
+    assert not os.path.exists(tmp_path / "ptq")

@@ -13,7 +13,7 @@ from qrl.networks import continuous
 from qrl.networks.continuous import (
     Critic, CriticEnsemble, DeterministicActor, GaussianActor, compute_params, scale_actions, unscale_actions,
 )
-from qrl.quant import FP32, parse_precision, qat_precision
+from qrl.quant import FP32, apply_tracking, parse_precision, qat_precision
 from qrl.replay import (
     DeviceReplay, NStepAccumulator, Transition, nstep_window_init, nstep_window_push,
 )
@@ -105,9 +105,9 @@ def test_actors_stay_in_bounds_and_share_params_across_precisions():
     params = actor.init(jax.random.PRNGKey(1), observations)["params"]
     for precision in (FP32, BF16, qat_precision(4)):
         module = DeterministicActor(LOW, HIGH, (16, 16), precision)
-        module_params = module.init(jax.random.PRNGKey(1), observations)["params"]
-        assert jax.tree.structure(module_params) == jax.tree.structure(params)
-        actions = module.apply({"params": compute_params(params, precision)}, observations)
+        variables = module.init(jax.random.PRNGKey(1), observations)
+        assert jax.tree.structure(variables["params"]) == jax.tree.structure(params)
+        actions, _ = apply_tracking(module, compute_params(params, precision), variables.get("quant_ranges", {}), observations)
         assert actions.shape == (8, 2) and actions.dtype == jnp.float32
         assert bool(jnp.all(actions >= jnp.array(LOW))) and bool(jnp.all(actions <= jnp.array(HIGH)))
     gaussian = GaussianActor(LOW, HIGH, (16,))
@@ -193,16 +193,22 @@ def test_device_schedule_matches_the_host_update_rate():
     assert (schedule.rollout, schedule.updates_per_iteration) == (1, 4)
     assert (schedule.warmup_iterations, schedule.fp32_iterations, schedule.qat_iterations) == (4, 12, 0)
     schedule = offpolicy.DeviceSchedule.for_run(
-        _tiny_sac(learning_starts=0, train_freq=8, gradient_steps=2, qat_bits=8, quant_delay=32), num_envs=4, steps=64
+        _tiny_sac(learning_starts=0, train_freq=8, gradient_steps=2, qat_bits=8, quant_delay=8), num_envs=4, steps=64
     )
     assert (schedule.rollout, schedule.updates_per_iteration) == (2, 2)
+    # quant_delay counts updates: 8 updates = 4 iterations of 2.
     assert (schedule.warmup_iterations, schedule.fp32_iterations, schedule.qat_iterations) == (0, 4, 4)
+    schedule = offpolicy.DeviceSchedule.for_run(
+        _tiny_sac(learning_starts=0, train_freq=8, gradient_steps=2, qat_bits=8, quant_delay=0), num_envs=4, steps=64
+    )
+    # No delay still runs one float iteration: its updates give the acting export its ranges.
+    assert (schedule.warmup_iterations, schedule.fp32_iterations, schedule.qat_iterations) == (0, 1, 7)
 
 
 def test_on_device_training_on_gymnax_pendulum_is_vmappable_over_seeds():
     from qrl.envs import make_functional
 
-    config = _tiny_sac(learning_starts=16, qat_bits=8, quant_delay=32)
+    config = _tiny_sac(learning_starts=16, qat_bits=8, quant_delay=24)
     env = make_functional("gymnax:Pendulum-v1", 4)
     eval_env = make_functional("gymnax:Pendulum-v1", 2, episode_length=20)
     agent = sac.build(config, env.observation_spec(), env.action_spec())

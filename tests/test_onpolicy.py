@@ -117,6 +117,13 @@ def test_advantages_bootstrap_from_final_observation_on_truncation():
     np.testing.assert_allclose(targets, advantages + values, rtol=1e-6)
 
 
+def _range_layers(quant_ranges):
+    """The per-layer range entries (dicts holding `seen`) of a `quant_ranges` tree."""
+    if "seen" in quant_ranges:
+        return [quant_ranges]
+    return [layer for node in quant_ranges.values() for layer in _range_layers(node)]
+
+
 def _spy_agent(calls):
     """PPO whose updates report the precision they were built at, once per call."""
 
@@ -134,12 +141,15 @@ def _spy_agent(calls):
 
 def test_qat_switches_host_update_at_quant_delay():
     config = ppo.Config(num_envs=2, num_steps=16, batch_size=16, num_epochs=1, hidden_sizes=(16,),
-                        qat_bits=8, quant_delay=64)
+                        qat_bits=8, quant_delay=4)
     calls = []
-    _, results = onpolicy.train(_spy_agent(calls), ppo.check_env, "gym:CartPole-v1", config, 160, progress=False,
-                                eval_episodes=2)
-    assert calls == ["fp32"] * 2 + ["qat8"] * 3  # 32 steps per rollout; quantized from step 64 on
-    assert results["qat_bits"] == 8 and results["quant_delay"] == 64 and results["env_steps"] == 160
+    state, results = onpolicy.train(_spy_agent(calls), ppo.check_env, "gym:CartPole-v1", config, 160, progress=False,
+                                    eval_episodes=2)
+    # 2 updates per rollout: float (ranges tracked) for the first 4 updates, then fake-quantized.
+    assert calls == ["qat8-delay"] * 2 + ["qat8"] * 3
+    assert results["qat_bits"] == 8 and results["quant_delay"] == 4 and results["env_steps"] == 160
+    assert int(state.updates) == 10
+    assert all(int(layer["seen"]) == 10 for layer in _range_layers(state.quant_ranges))
     assert np.isfinite(results["final_eval"]["mean"])
     with pytest.raises(QrlInputError, match="quant_delay"):
         onpolicy.train(_spy_agent([]), ppo.check_env, "gym:CartPole-v1", config, 64, progress=False)
@@ -147,16 +157,18 @@ def test_qat_switches_host_update_at_quant_delay():
 
 def test_device_train_switches_to_qat_and_writes_results(tmp_path):
     config = ppo.Config(num_envs=2, num_steps=16, batch_size=16, num_epochs=1, hidden_sizes=(16,),
-                        qat_bits=8, quant_delay=64)
+                        qat_bits=8, quant_delay=4)
     calls = []
     state, results = onpolicy.train(
         _spy_agent(calls), ppo.check_env, "gymnax:CartPole-v1", config, 160, seed=3, workdir=str(tmp_path),
         progress=False, eval_episodes=3, eval_every=64, log_every=32,
     )
-    assert calls == ["fp32"] * 2 + ["qat8"] * 3  # lax.cond runs one branch per iteration
+    # lax.switch runs one branch per iteration: float, then quantized updates (acting float in the
+    # first quantized iteration, then the int8 export), each building its update once.
+    assert calls == ["qat8-delay"] * 2 + ["qat8"] * 3
     assert set(results) >= {"agent", "env", "seed", "env_steps", "updates", "episodes", "train_seconds",
                             "steps_per_second", "final_eval", "evaluations", "last_train_returns"}
-    assert results["qat_bits"] == 8 and results["quant_delay"] == 64 and results["env_steps"] == 160
+    assert results["qat_bits"] == 8 and results["quant_delay"] == 4 and results["env_steps"] == 160
     assert results["updates"] == 10 and int(state.iterations) == 5 and results["final_eval"]["episodes"] == 3
     assert [evaluation["env_steps"] for evaluation in results["evaluations"]] == [64, 128]
     assert results["episodes"] >= len(results["last_train_returns"]) > 0

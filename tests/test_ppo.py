@@ -11,7 +11,7 @@ from agents.ppo import learning
 from qrl import onpolicy
 from qrl.envs import make_functional
 from qrl.errors import QrlInputError
-from qrl.quant import FP32, qat_precision
+from qrl.quant import FP32, apply_tracking, qat_precision
 
 CARTPOLE_OBS = specs.Array((4,), np.float32)
 CARTPOLE_ACTIONS = specs.DiscreteArray(2, dtype=np.int32)
@@ -111,7 +111,9 @@ def _check_policy_surface(config, state, observation_spec, action_spec, divergen
     assert actions.shape == (3,) + action_spec.shape
     if action_spec.shape:
         assert np.all(np.abs(actions) <= 2.0)  # clipped to the bounds
-    qat = spec.build_network(qat_precision(8)).apply({"params": params}, observations)
+    qat_network = spec.build_network(qat_precision(8))
+    ranges = qat_network.init(jax.random.PRNGKey(0), observations)["quant_ranges"]
+    qat, _ = apply_tracking(qat_network, params, ranges, observations)
     assert qat.shape == outputs.shape  # QAT actors share the fp32 parameter tree
     template = ppo.init_state(config, observation_spec, action_spec)
     assert jax.tree.structure(template) == jax.tree.structure(state)
@@ -138,6 +140,31 @@ def test_learns_gymnax_cartpole_on_device_vmapped_over_seeds():
     for seed in range(2):
         params = jax.tree.map(lambda x: x[seed], states.params)
         assert evaluate(onpolicy.acting_params(params), 1_000_000).mean >= 475.0
+
+
+@pytest.mark.parametrize("backend", ["qrl", "aqt"])
+def test_learns_gymnax_cartpole_with_qat8_on_device(backend):
+    """PureJaxRL's CartPole setting with QAT8 after half the updates (float, ranges tracked,
+    before), evaluated as the static int8 export with the trained ranges: the fp32 test's
+    threshold (measured 500.0 on both backends, seed 0)."""
+    from qrl.config import total_updates
+    from qrl.quant import make_exporter, serving_precision
+
+    config = ppo.config_for("gymnax:CartPole-v1", {"qat_bits": 8, "qat_backend": backend})
+    config = config.override({"quant_delay": total_updates(config, 500_000) // 2})
+    train = jax.jit(jax.vmap(ppo.make_train(config, "gymnax:CartPole-v1", 500_000)))
+    states, _ = train(jax.random.split(jax.random.PRNGKey(0), 2))
+    assert np.all(np.asarray(states.updates) == 977 * 16)
+    env = make_functional("gymnax:CartPole-v1", 10)
+    int8_actor_critic = ppo.networks.make_actor_critic(config, env.observation_spec(), env.action_spec(),
+                                                       serving_precision(8))
+    evaluate, export = onpolicy.make_device_evaluator(int8_actor_critic, env), make_exporter(8)
+    for seed in range(2):
+        state = jax.tree.map(lambda x: x[seed], states)
+        assert np.all(np.asarray(state.quant_ranges["torso"]["dense_0"]["seen"]) == 977 * 16)
+        params = onpolicy.quantized_acting_params(export, state.params, state.quant_ranges)
+        assert np.asarray(params["actor"]["head"]["kernel"]).dtype == np.int8
+        assert evaluate(params, 1_000_000).mean >= 475.0
 
 
 def test_continuous_pendulum_smoke_on_host():

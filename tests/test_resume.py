@@ -182,3 +182,25 @@ def test_a_row_cut_short_by_the_kill_is_dropped(tmp_path):
     monitor.logger.close()
 
     assert (tmp_path / "metrics.csv").read_text() == "step,loss,episodes\n1000,1.0,3\n2000,0.5,7\n"
+
+
+def test_resume_continues_a_qat_run_with_its_trained_ranges(tmp_path):
+    """A QAT run's moving-average ranges are checkpointed with it: a resumed run keeps tracking
+    them (every update moves them once) and `launch.ptq --ranges=trained` serves with them."""
+    from launch import runs
+
+    workdir = str(tmp_path / "qat")
+    qat = ("--qat_bits=8", "--quant_delay=40")
+    completed = run_module("launch.train", *DQN, *qat, "--steps=1000", f"--workdir={workdir}")
+    assert completed.returncode == 0, completed.stderr
+    first = runs.restore_run(workdir, require_finished=True).state
+    assert int(first.updates) == 204 and int(first.quant_ranges["head"]["seen"]) == 204  # (1000-200)//16+1 phases x 4
+    completed = run_module("launch.train", *DQN, *qat, "--steps=1500", f"--workdir={workdir}", "--resume")
+    assert completed.returncode == 0, completed.stderr
+    resumed = runs.restore_run(workdir, require_finished=True).state
+    assert int(resumed.updates) > 204 and int(resumed.quant_ranges["head"]["seen"]) == int(resumed.updates)
+    completed = run_module("launch.ptq", f"--workdir={workdir}", "--precisions=int8", "--ranges=trained",
+                           "--episodes=1", "--calibration_steps=64", "--divergence_steps=64")
+    assert completed.returncode == 0, completed.stderr
+    rows = _read_json(os.path.join(workdir, "ptq", "results.json"))["results"]
+    assert [row["precision"] for row in rows] == ["fp32", "int8"]  # fp32 is the sweep's reference

@@ -26,7 +26,7 @@ def test_study_writes_tables_plots_and_cells(study):
     assert pair["agent"] == "dqn" and pair["env"] == "gym:CartPole-v1"
     assert [row["precision"] for row in pair["ptq"]] == ["fp32", "int8", "int4"]
     assert [row["precision"] for row in pair["qat"]] == ["qat8 → int8"]
-    assert pair["qat"][0]["quant_delay"] == 1000
+    assert pair["qat"][0]["quant_delay"] == 384  # half of the 768 updates: (2000 - 500 + 256) // 256 * 128.
     fp32 = pair["ptq"][0]
     assert fp32["relative_error"] == 0.0 and len(fp32["seed_means"]) == 1
     report = open(os.path.join(study, "report.md")).read()
@@ -35,7 +35,7 @@ def test_study_writes_tables_plots_and_cells(study):
         assert os.path.getsize(os.path.join(study, "plots", name)) > 1000
     with open(os.path.join(study, "cells/dqn/gym_CartPole-v1/seed0/qat8/train/results.json")) as file:
         train = json.load(file)
-    assert train["qat_bits"] == 8 and train["quant_delay"] == 1000
+    assert train["qat_bits"] == 8 and train["quant_delay"] == 384
 
 
 def test_study_skips_finished_cells_and_restarts_unfinished_runs(study):

@@ -50,7 +50,8 @@ class Config(qrl_config.ConfigMethods, agent="a2c", validate=validate):
     log_std_init: float = 0.0  # state-independent Gaussian log-std at start (SB3).
     flat_optimizer: bool = False  # RMSProp on one flat vector: faster with one XLA thread (qrl.runtime).
     qat_bits: int = 0  # quantization-aware training of the actor at this many bits; 0 = off.
-    quant_delay: int = 0  # environment steps of fp32 training before fake quantization starts.
+    quant_delay: int = 0  # updates (gradient steps) of float training before fake quantization; ranges tracked meanwhile.
+    qat_backend: str = "qrl"  # "qrl" (fake quant on the int<N> grids) or "aqt" (AQT's fake-quantized matmul).
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -35,15 +35,19 @@ def make_optimizer(config: Config, num_iterations: int = 1) -> optax.GradientTra
 def init(key: jax.Array, config: Config, observation_spec: specs.Array, action_spec: specs.Array) -> TrainState:
     """A fresh train state for these specs."""
     actor_critic = make_actor_critic(config, observation_spec, action_spec)
-    return onpolicy.init_state(key, actor_critic, make_optimizer(config), observation_spec)
+    qat_actor = onpolicy.qat_actor(make_actor_critic, config, observation_spec, action_spec)
+    return onpolicy.init_state(key, actor_critic, make_optimizer(config), observation_spec, qat_actor)
 
 
-def make_loss(actor_critic: ActorCritic, config: Config) -> Callable[[dict, dict], tuple[jax.Array, dict]]:
-    """`loss(params, batch) -> (loss, metrics)` on a batch `[B]` with fields observation,
-    action, advantage and target (value targets)."""
+def make_loss(actor_critic: ActorCritic, config: Config) -> Callable[..., tuple[jax.Array, tuple[dict, dict]]]:
+    """`loss(params, quant_ranges, batch) -> (loss, (metrics, quant_ranges))` on a batch `[B]`
+    with fields observation, action, advantage and target (value targets). `quant_ranges`: the
+    QAT actor's input ranges, returned moved towards the batch's (`{}` without QAT)."""
 
-    def loss(params, batch):
-        log_prob, entropy = actor_critic.log_prob_and_entropy(params, batch["observation"], batch["action"])
+    def loss(params, quant_ranges, batch):
+        log_prob, entropy, quant_ranges = actor_critic.log_prob_entropy_and_ranges(
+            params, quant_ranges, batch["observation"], batch["action"]
+        )
         advantage = batch["advantage"]
         if config.normalize_advantage:
             advantage = (advantage - jnp.mean(advantage)) / (jnp.std(advantage) + 1e-8)
@@ -52,7 +56,8 @@ def make_loss(actor_critic: ActorCritic, config: Config) -> Callable[[dict, dict
         value_loss = jnp.mean(losses.batched_value_loss(values, batch["target"]))
         entropy = jnp.mean(entropy)
         total = policy_loss + config.vf_coef * value_loss - config.ent_coef * entropy
-        return total, {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
+        metrics = {"loss": total, "policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
+        return total, (metrics, quant_ranges)
 
     return loss
 
@@ -66,8 +71,9 @@ def make_update(
 ) -> Callable[[TrainState, Rollout], tuple[TrainState, dict]]:
     """`update(state, rollout [T, N]) -> (state, metrics)`, pure: one gradient step.
 
-    The actor runs at `policy_precision` (fp32, or `qat_precision(bits)` for QAT); the critic
-    at fp32. `num_iterations` (rollouts in the run) sets the linear schedule's length.
+    The actor runs at `policy_precision` (fp32, or a `qat_precision(bits)` for QAT, whose
+    input ranges `state.quant_ranges` move with the step); the critic at fp32.
+    `num_iterations` (rollouts in the run) sets the linear schedule's length.
     """
     actor_critic = make_actor_critic(config, observation_spec, action_spec, policy_precision)
     optimizer = make_optimizer(config, num_iterations)
@@ -80,9 +86,10 @@ def make_update(
         batch = onpolicy.flatten_time({
             "observation": rollout.observation, "action": rollout.action, "advantage": advantages, "target": targets,
         })
-        grads, metrics = grad_fn(state.params, batch)
+        grads, (metrics, quant_ranges) = grad_fn(state.params, state.quant_ranges, batch)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         state = TrainState(
+            quant_ranges=quant_ranges,
             params=optax.apply_updates(state.params, updates),
             opt_state=opt_state,
             key=state.key,

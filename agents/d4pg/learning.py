@@ -19,7 +19,7 @@ import optax
 from agents.d4pg.config import Config
 from qrl import distributional, offpolicy
 from qrl.networks.continuous import Critic, DeterministicActor, compute_params
-from qrl.quant import FP32, Precision
+from qrl.quant import FP32, Precision, apply_tracking
 from qrl.replay import Transition
 
 
@@ -61,6 +61,7 @@ def init(key: jax.Array, config: Config, observation_size: int, bounds) -> Train
             actor_opt_state=optimizer.init(actor_params),
             critic_opt_state=optimizer.init(critic_params),
             updates=jnp.zeros((), jnp.int32),
+            quant_ranges=offpolicy.init_quant_ranges(config, make_actor, bounds, actor_key, observations),
         )
 
     return fresh_state(key)
@@ -101,11 +102,12 @@ def make_weighted_one_update(config: Config, bounds, actor_precision: Optional[P
         weighted = losses if weights is None else weights * losses
         return jnp.mean(weighted), (jnp.mean(distributional.mean(logits_tm1, atoms)), losses)
 
-    def actor_loss(actor_params, critic_params, observations):
-        actions = actor.apply({"params": compute_params(actor_params, actor_precision)}, observations)
+    def actor_loss(actor_params, critic_params, observations, quant_ranges):
+        params = compute_params(actor_params, actor_precision)
+        actions, quant_ranges = apply_tracking(actor, params, quant_ranges, observations)
         q_sum = lambda a: jnp.sum(distributional.mean(logits(critic_params, observations, a), atoms))
         dqda = jax.grad(q_sum)(actions)  # rows are independent: the sum's gradient is per-row dQ/da.
-        return jnp.mean(dpg_loss(actions, dqda, config.dqda_clipping))
+        return jnp.mean(dpg_loss(actions, dqda, config.dqda_clipping)), quant_ranges
 
     def one_update(state: TrainState, batch: Transition, weights):
         next_actions = target_actor.apply(
@@ -115,8 +117,8 @@ def make_weighted_one_update(config: Config, bounds, actor_precision: Optional[P
         (critic_value, (q_mean, priorities)), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
             state.critic_params, target_logits, batch, weights
         )
-        actor_value, actor_grads = jax.value_and_grad(actor_loss)(
-            state.actor_params, state.critic_params, batch.observation
+        (actor_value, quant_ranges), actor_grads = jax.value_and_grad(actor_loss, has_aux=True)(
+            state.actor_params, state.critic_params, batch.observation, state.quant_ranges
         )
         critic_params, critic_opt_state = offpolicy.apply_gradients(
             optimizer, state.critic_params, critic_grads, state.critic_opt_state
@@ -137,6 +139,7 @@ def make_weighted_one_update(config: Config, bounds, actor_precision: Optional[P
             actor_opt_state=actor_opt_state,
             critic_opt_state=critic_opt_state,
             updates=count,
+            quant_ranges=quant_ranges,
         )
         return new_state, {"critic_loss": critic_value, "actor_loss": actor_value, "q_mean": q_mean}, priorities
 

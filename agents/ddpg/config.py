@@ -49,7 +49,8 @@ class Config(qrl_config.ConfigMethods, agent="ddpg", validate=validate):
     matmul_dtype: str = "fp32"  # "bf16": bf16 matmuls with fp32 accumulation; params stay fp32.
     flat_optimizer: bool = False  # Adam on one flat vector: faster with one XLA thread (qrl.runtime).
     qat_bits: int = 0  # quantization-aware training of the actor (0 = off, 2..8).
-    quant_delay: int = 0  # environment steps of fp32 training before QAT starts.
+    quant_delay: int = 0  # updates (gradient steps) of float training before fake quantization; ranges tracked meanwhile.
+    qat_backend: str = "qrl"  # "qrl" (fake quant on the int<N> grids) or "aqt" (AQT's fake-quantized matmul).
 
 
 _SB3 = dict(batch_size=256, tau=0.005, critic_l2=0.0)  # SB3 DDPG defaults the zoo relies on.

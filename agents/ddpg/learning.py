@@ -15,7 +15,7 @@ import optax
 from agents.ddpg.config import Config
 from qrl import offpolicy
 from qrl.networks.continuous import Critic, DeterministicActor, compute_params
-from qrl.quant import FP32, Precision
+from qrl.quant import FP32, Precision, apply_tracking
 from qrl.replay import Transition
 
 
@@ -64,6 +64,7 @@ def init(key: jax.Array, config: Config, observation_size: int, bounds) -> Train
             actor_opt_state=actor_optimizer.init(actor_params),
             critic_opt_state=critic_optimizer.init(critic_params),
             updates=jnp.zeros((), jnp.int32),
+            quant_ranges=offpolicy.init_quant_ranges(config, make_actor, bounds, actor_key, observations),
         )
 
     return fresh_state(key)
@@ -90,9 +91,10 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
         q = q_value(critic_params, batch.observation, batch.action)
         return jnp.mean(jnp.square(q - target)), jnp.mean(q)
 
-    def actor_loss(actor_params, critic_params, observations):
-        actions = actor.apply({"params": compute_params(actor_params, actor_precision)}, observations)
-        return -jnp.mean(q_value(critic_params, observations, actions))
+    def actor_loss(actor_params, critic_params, observations, quant_ranges):
+        params = compute_params(actor_params, actor_precision)
+        actions, quant_ranges = apply_tracking(actor, params, quant_ranges, observations)
+        return -jnp.mean(q_value(critic_params, observations, actions)), quant_ranges
 
     def one_update(state: TrainState, batch: Transition):
         next_actions = target_actor.apply(
@@ -106,7 +108,9 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
         critic_params, critic_opt_state = offpolicy.apply_gradients(
             critic_optimizer, state.critic_params, critic_grads, state.critic_opt_state
         )
-        actor_value, actor_grads = jax.value_and_grad(actor_loss)(state.actor_params, critic_params, batch.observation)
+        (actor_value, quant_ranges), actor_grads = jax.value_and_grad(actor_loss, has_aux=True)(
+            state.actor_params, critic_params, batch.observation, state.quant_ranges
+        )
         actor_params, actor_opt_state = offpolicy.apply_gradients(
             actor_optimizer, state.actor_params, actor_grads, state.actor_opt_state
         )
@@ -118,6 +122,7 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
             actor_opt_state=actor_opt_state,
             critic_opt_state=critic_opt_state,
             updates=state.updates + 1,
+            quant_ranges=quant_ranges,
         )
         return new_state, {"critic_loss": critic_value, "actor_loss": actor_value, "q_mean": q_mean}
 

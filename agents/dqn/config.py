@@ -64,7 +64,8 @@ class Config(qrl_config.ConfigMethods, agent="dqn", validate=validate):
     exploration_final_eps: float = 0.01  # CleanRL dqn_atari.
     exploration_fraction: float = 0.10  # of the training steps; CleanRL dqn_atari.
     qat_bits: int = 0  # quantization-aware training of the Q-network at this many bits; 0 = off.
-    quant_delay: int = 0  # environment steps of fp32 training before fake quantization starts.
+    quant_delay: int = 0  # updates (gradient steps) of float training before fake quantization; ranges tracked meanwhile.
+    qat_backend: str = "qrl"  # "qrl" (fake quant on the int<N> grids) or "aqt" (AQT's fake-quantized matmul).
 
 
 # rl-baselines3-zoo hyperparams/dqn.yml (tuned); target_update_interval=10 env steps there

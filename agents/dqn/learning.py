@@ -10,9 +10,9 @@ import optax
 
 from agents.dqn.config import Config
 from agents.dqn.networks import QNetwork
-from qrl import losses
+from qrl import config as qrl_config, losses
 from qrl.networks import torso_for_observation
-from qrl.quant import FP32, Precision
+from qrl.quant import FP32, Precision, apply_frozen, apply_tracking, init_ranges, qat_precision
 from qrl.replay import Transition
 
 
@@ -24,6 +24,7 @@ class TrainState:
     target_params: dict
     opt_state: optax.OptState
     updates: jax.Array  # int32 count of gradient updates taken.
+    quant_ranges: dict = flax.struct.field(default_factory=dict)  # QAT: the Q-network's input ranges.
 
 
 def make_network(config: Config, observation_shape: Sequence[int], num_actions: int, precision: Precision = FP32) -> QNetwork:
@@ -41,8 +42,7 @@ def make_network(config: Config, observation_shape: Sequence[int], num_actions: 
 
 def total_updates(config: Config, env_steps: int) -> int:
     """Gradient updates a run of `env_steps` environment steps takes."""
-    trainable_steps = max(env_steps - max(config.learning_starts, config.train_freq) + config.train_freq, 0)
-    return max(1, trainable_steps // config.train_freq * config.gradient_steps)
+    return qrl_config.total_updates(config, env_steps)
 
 
 def make_optimizer(config: Config, num_updates: int = 1) -> optax.GradientTransformation:
@@ -59,35 +59,51 @@ def make_optimizer(config: Config, num_updates: int = 1) -> optax.GradientTransf
     return optax.flatten(optimizer) if config.flat_optimizer else optimizer
 
 
+def qat_network(config: Config, observation_shape: Sequence[int], num_actions: int, quantize: bool = True) -> QNetwork:
+    """The Q-network quantization-aware training updates: `qat<N>` on the config's backend
+    (`quantize=False`: the quantization delay's float forward pass, ranges tracked)."""
+    precision = qat_precision(config.qat_bits, config.qat_backend, fake_quant=quantize)
+    return make_network(config, observation_shape, num_actions, precision)
+
+
 def init(key: jax.Array, config: Config, observation_shape: Sequence[int], observation_dtype, num_actions: int) -> TrainState:
-    """A fresh train state; the target network starts as a copy of the online network."""
+    """A fresh train state; the target network starts as a copy of the online network. With
+    `qat_bits`, `quant_ranges` holds the QAT network's (not yet tracked) input ranges."""
     network = make_network(config, observation_shape, num_actions)
     dummy = jnp.zeros((1, *observation_shape), observation_dtype)
 
     @jax.jit  # one compiled call instead of dozens of op-by-op dispatches (≈2× faster start).
     def fresh_state(key):
         params = network.init(key, dummy)["params"]
+        quant_ranges = {}
+        if config.qat_bits:
+            quant_ranges = init_ranges(qat_network(config, observation_shape, num_actions), key, dummy)
         return TrainState(
             params=params,
             target_params=jax.tree.map(jnp.copy, params),
             opt_state=make_optimizer(config).init(params),
             updates=jnp.zeros((), jnp.int32),
+            quant_ranges=quant_ranges,
         )
 
     return fresh_state(key)
 
 
 def make_loss(network: nn.Module, config: Config) -> Callable[..., tuple[jax.Array, dict]]:
-    """`loss(params, target_params, batch [B, ...], weights [B] = None) -> (loss, metrics)`: the
-    mean Huber TD loss, each transition's term scaled by its importance weight when `weights` is
-    given (prioritized replay); `metrics["priorities"] [B]` holds the |TD errors|."""
+    """`loss(params, target_params, batch [B, ...], weights [B] = None, quant_ranges = {}) ->
+    (loss, metrics)`: the mean Huber TD loss, each transition's term scaled by its importance
+    weight when `weights` is given (prioritized replay); `metrics["priorities"] [B]` holds the
+    |TD errors|. With QAT `quant_ranges`, the online pass on `observation` is the training-mode
+    one (ranges tracked, `metrics["quant_ranges"]` the updated ranges); the passes on
+    `next_observation` read the updated ranges frozen."""
 
-    def loss(params, target_params, batch: Transition, weights=None):
-        q_tm1 = network.apply({"params": params}, batch.observation)
-        q_t_target = network.apply({"params": target_params}, batch.next_observation)
+    def loss(params, target_params, batch: Transition, weights=None, quant_ranges=None):
+        quant_ranges = quant_ranges or {}
+        q_tm1, new_ranges = apply_tracking(network, params, quant_ranges, batch.observation)
+        q_t_target = apply_frozen(network, target_params, new_ranges, batch.next_observation)
         actions = batch.action.astype(jnp.int32)
         if config.double_q:
-            q_t_online = network.apply({"params": params}, batch.next_observation)
+            q_t_online = apply_frozen(network, params, new_ranges, batch.next_observation)
             td_errors = losses.batched_double_q_learning_td(
                 q_tm1, actions, batch.reward, batch.discount, q_t_target, q_t_online
             )
@@ -97,7 +113,10 @@ def make_loss(network: nn.Module, config: Config) -> Callable[..., tuple[jax.Arr
         if weights is not None:
             per_transition = weights * per_transition
         value = jnp.mean(per_transition)
-        return value, {"loss": value, "q_mean": jnp.mean(q_tm1), "priorities": jnp.abs(td_errors)}
+        metrics = {"loss": value, "q_mean": jnp.mean(q_tm1), "priorities": jnp.abs(td_errors)}
+        if quant_ranges:
+            metrics["quant_ranges"] = new_ranges
+        return value, metrics
 
     return loss
 
@@ -110,7 +129,7 @@ def make_weighted_one_update(network: nn.Module, config: Config, num_updates: in
     grad_fn = jax.grad(make_loss(network, config), has_aux=True)
 
     def one_update(state: TrainState, batch: Transition, weights):
-        grads, metrics = grad_fn(state.params, state.target_params, batch, weights)
+        grads, metrics = grad_fn(state.params, state.target_params, batch, weights, state.quant_ranges)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         count = state.updates + 1
@@ -121,7 +140,8 @@ def make_weighted_one_update(network: nn.Module, config: Config, num_updates: in
             config.target_update_period,
         )
         priorities = metrics.pop("priorities")
-        return TrainState(params, target_params, opt_state, count), metrics, priorities
+        quant_ranges = metrics.pop("quant_ranges", state.quant_ranges)
+        return TrainState(params, target_params, opt_state, count, quant_ranges), metrics, priorities
 
     return one_update
 

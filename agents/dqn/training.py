@@ -17,7 +17,7 @@ from agents.dqn.config import Config
 from qrl import envs
 from qrl.errors import QrlInputError
 from qrl.offpolicy import TransitionRecorder
-from qrl.quant import check_quant_delay, make_exporter, qat_precision, serving_precision
+from qrl.quant import check_quant_delay, make_exporter, serving_precision
 from qrl.replay import UniformReplay
 from qrl.run_monitor import HostStart, TrainingMonitor
 
@@ -55,8 +55,10 @@ def train(
     under `checkpoints/` (every `checkpoint_every` steps when > 0, and at the end). Every
     `eval_every` steps (when > 0) and at the end, the greedy policy is evaluated over
     `eval_episodes` episodes seeded from `seed + 1_000_000`. With `config.qat_bits`, the
-    Q-network trains fake-quantized from `config.quant_delay` steps on, and acts and is
-    evaluated as its `int<N>` export.
+    Q-network trains float for `config.quant_delay` updates (its activation ranges tracked),
+    then fake-quantized (`qrl.quant.qat`; the switch waits for the end of a training phase of
+    `gradient_steps` updates), and from then on acts and is evaluated as its static `int<N>`
+    export with the trained ranges.
 
     `start` resumes a run from a saved state at `start.env_steps`: the environments restart and
     the replay refills from scratch (updates wait for `learning_starts` new steps again).
@@ -79,29 +81,36 @@ def train(
     update = learning.make_update(fp32_network, config, num_updates)
     policy = make_greedy_policy_fn(fp32_network, lambda: acting_params)
     acting_params = state.params
-    quantized = False
+    updates_taken = int(state.updates)
     if config.qat_bits:
-        # After the delay: updates through the fake-quantized network; acting (and evaluation)
-        # with the policy exported to int<N> after every training phase — the deployed
-        # numerics, and much cheaper per step than fake-quantizing the kernels on every call.
-        check_quant_delay(config.quant_delay, steps)
-        qat_update = learning.make_update(
-            learning.make_network(config, observation_shape, num_actions, qat_precision(config.qat_bits)),
-            config, num_updates,
+        # Updates: float during the delay (ranges tracked), then fake-quantized. Acting (and
+        # evaluation) once quantized: the int<N> export after every training phase — the
+        # deployed numerics, cheaper per step than fake-quantizing the kernels on every call.
+        check_quant_delay(config.quant_delay, num_updates)
+        update = learning.make_update(
+            learning.qat_network(config, observation_shape, num_actions, quantize=False), config, num_updates
         )
+        qat_update = learning.make_update(learning.qat_network(config, observation_shape, num_actions), config, num_updates)
         export = make_exporter(config.qat_bits)
         qat_policy = make_greedy_policy_fn(
             learning.make_network(config, observation_shape, num_actions, serving_precision(config.qat_bits)),
             lambda: acting_params,
         )
 
-    def start_quantizing():
-        nonlocal update, policy, acting_params, quantized
-        update, policy, acting_params, quantized = qat_update, qat_policy, export(state.params), True
+    def quantizing() -> bool:
+        return bool(config.qat_bits) and updates_taken >= config.quant_delay
 
+    trained_quantized = bool(config.qat_bits) and updates_taken > config.quant_delay  # a resumed QAT run.
+
+    def refresh_acting():
+        nonlocal policy, acting_params
+        if trained_quantized:
+            policy, acting_params = qat_policy, export(state.params, state.quant_ranges)
+        else:
+            acting_params = state.params
+
+    refresh_acting()
     env_steps = 0 if start is None else int(start.env_steps)
-    if config.qat_bits and env_steps >= config.quant_delay:
-        start_quantizing()
     epsilon_at = acting.epsilon_schedule(config, steps)
 
     replay = UniformReplay(config.buffer_size, seed=seed)
@@ -135,15 +144,16 @@ def train(
         recorder.record(observations, actions, timestep, monitor)
         observations = timestep.observation
         env_steps += num_envs
-        if config.qat_bits and not quantized and env_steps >= config.quant_delay:
-            start_quantizing()
 
         train_metrics = None
         if env_steps >= next_train and len(replay) >= config.batch_size:
             while next_train <= env_steps:
-                state, train_metrics = update(state, replay.sample(config.batch_size, config.gradient_steps))
+                trained_quantized = quantizing()
+                phase_update = qat_update if trained_quantized else update
+                state, train_metrics = phase_update(state, replay.sample(config.batch_size, config.gradient_steps))
+                updates_taken += config.gradient_steps
                 next_train += config.train_freq
-            acting_params = export(state.params) if quantized else state.params
+            refresh_acting()
         monitor.step(env_steps, state, train_metrics, config, extra_metrics={"epsilon": epsilon})
 
     vector_env.close()

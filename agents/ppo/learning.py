@@ -38,16 +38,21 @@ def make_optimizer(config: Config, num_iterations: int = 1) -> optax.GradientTra
 def init(key: jax.Array, config: Config, observation_spec: specs.Array, action_spec: specs.Array) -> TrainState:
     """A fresh train state for these specs."""
     actor_critic = make_actor_critic(config, observation_spec, action_spec)
-    return onpolicy.init_state(key, actor_critic, make_optimizer(config), observation_spec)
+    qat_actor = onpolicy.qat_actor(make_actor_critic, config, observation_spec, action_spec)
+    return onpolicy.init_state(key, actor_critic, make_optimizer(config), observation_spec, qat_actor)
 
 
-def make_loss(actor_critic: ActorCritic, config: Config) -> Callable[[dict, dict, jax.Array], tuple[jax.Array, dict]]:
-    """`loss(params, batch, clip_range) -> (loss, metrics)` on a minibatch `[B]` with fields
-    observation, action, log_prob (acting policy), advantage, target (value targets) and
-    value (the rollout critic's values, for value clipping)."""
+def make_loss(actor_critic: ActorCritic, config: Config) -> Callable[..., tuple[jax.Array, tuple[dict, dict]]]:
+    """`loss(params, quant_ranges, batch, clip_range) -> (loss, (metrics, quant_ranges))` on a
+    minibatch `[B]` with fields observation, action, log_prob (acting policy), advantage,
+    target (value targets) and value (the rollout critic's values, for value clipping).
+    `quant_ranges`: the QAT actor's input ranges, returned moved towards the minibatch's
+    (`{}` without QAT)."""
 
-    def loss(params, batch, clip_range):
-        log_prob, entropy = actor_critic.log_prob_and_entropy(params, batch["observation"], batch["action"])
+    def loss(params, quant_ranges, batch, clip_range):
+        log_prob, entropy, quant_ranges = actor_critic.log_prob_entropy_and_ranges(
+            params, quant_ranges, batch["observation"], batch["action"]
+        )
         advantage = batch["advantage"]
         if config.normalize_advantage:
             advantage = (advantage - jnp.mean(advantage)) / (jnp.std(advantage) + 1e-8)
@@ -73,7 +78,7 @@ def make_loss(actor_critic: ActorCritic, config: Config) -> Callable[[dict, dict
             "approx_kl": jnp.mean(ratio - 1.0 - log_ratio),  # Schulman's k3 estimator (SB3).
             "clip_fraction": jnp.mean((jnp.abs(ratio - 1.0) > clip_range).astype(jnp.float32)),
         }
-        return total, metrics
+        return total, (metrics, quant_ranges)
 
     return loss
 
@@ -94,8 +99,9 @@ def make_update(
 ) -> Callable[[TrainState, Rollout], tuple[TrainState, dict]]:
     """`update(state, rollout [T, N]) -> (state, metrics averaged over the iteration)`, pure.
 
-    The actor runs at `policy_precision` (fp32, or `qat_precision(bits)` for QAT); the critic
-    at fp32. `num_iterations` (rollouts in the run) sets the linear schedules' length.
+    The actor runs at `policy_precision` (fp32, or a `qat_precision(bits)` for QAT, whose
+    input ranges `state.quant_ranges` move with every minibatch); the critic at fp32.
+    `num_iterations` (rollouts in the run) sets the linear schedules' length.
     """
     actor_critic = make_actor_critic(config, observation_spec, action_spec, policy_precision)
     optimizer = make_optimizer(config, num_iterations)
@@ -113,21 +119,22 @@ def make_update(
         clip_range = clip_range_at(config, state.iterations, num_iterations)
 
         def minibatch_step(carry, indices):
-            params, opt_state = carry
+            params, opt_state, quant_ranges = carry
             batch = jax.tree.map(lambda x: jnp.take(x, indices, axis=0), data)
-            grads, metrics = grad_fn(params, batch, clip_range)
+            grads, (metrics, quant_ranges) = grad_fn(params, quant_ranges, batch, clip_range)
             updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), metrics
+            return (optax.apply_updates(params, updates), opt_state, quant_ranges), metrics
 
         def epoch(carry, key):
             order = jax.random.permutation(key, config.rollout_size)[: num_minibatches * batch_size]
             return jax.lax.scan(minibatch_step, carry, order.reshape(num_minibatches, batch_size))
 
         key, epochs_key = jax.random.split(state.key)
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (state.params, state.opt_state), jax.random.split(epochs_key, config.num_epochs)
+        (params, opt_state, quant_ranges), metrics = jax.lax.scan(
+            epoch, (state.params, state.opt_state, state.quant_ranges), jax.random.split(epochs_key, config.num_epochs)
         )
         state = TrainState(
+            quant_ranges=quant_ranges,
             params=params,
             opt_state=opt_state,
             key=key,

@@ -18,7 +18,7 @@ import optax
 from agents.sac.config import Config
 from qrl import distributions, offpolicy
 from qrl.networks.continuous import CriticEnsemble, GaussianActor, compute_params
-from qrl.quant import FP32, Precision
+from qrl.quant import FP32, Precision, apply_frozen, apply_tracking
 from qrl.replay import Transition
 
 NUM_CRITICS = 2
@@ -37,6 +37,7 @@ class TrainState:
     alpha_opt_state: optax.OptState
     key: jax.Array
     updates: jax.Array  # int32 count of gradient updates taken.
+    quant_ranges: dict = flax.struct.field(default_factory=dict)  # QAT: the actor's input ranges.
 
 
 training_precision = offpolicy.training_precision  # the config's matmul_dtype: fp32 or bf16.
@@ -82,6 +83,7 @@ def init(key: jax.Array, config: Config, observation_size: int, bounds) -> Train
             alpha_opt_state=alpha_optimizer.init(log_alpha),
             key=key,
             updates=jnp.zeros((), jnp.int32),
+            quant_ranges=offpolicy.init_quant_ranges(config, make_actor, bounds, actor_key, observations),
         )
 
     return fresh_state(key)
@@ -101,11 +103,16 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
     optimizer, alpha_optimizer = make_optimizers(config)
     target_entropy = config.target_entropy_per_dim * len(bounds[0])
 
-    def sample(actor_params, observations, key):
-        """Actions `[B, A]` in environment units and their log-probabilities `[B]`."""
-        mean, log_std = actor.apply({"params": compute_params(actor_params, actor_precision)}, observations)
+    def sample(actor_params, quant_ranges, observations, key, track: bool = False):
+        """Actions `[B, A]` in environment units, their log-probabilities `[B]` and the QAT
+        ranges (updated when `track`: the training-mode pass)."""
+        params = compute_params(actor_params, actor_precision)
+        if track:
+            (mean, log_std), quant_ranges = apply_tracking(actor, params, quant_ranges, observations)
+        else:
+            mean, log_std = apply_frozen(actor, params, quant_ranges, observations)
         unit_actions, log_prob = distributions.tanh_gaussian_sample_and_log_prob(key, mean, log_std)
-        return distributions.scale_to_bounds(unit_actions, low, high), log_prob
+        return distributions.scale_to_bounds(unit_actions, low, high), log_prob, quant_ranges
 
     def q_values(critic_params, observations, actions):
         return critics.apply({"params": compute_params(critic_params, precision)}, observations, actions)
@@ -115,15 +122,15 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
         loss = 0.5 * jnp.sum(jnp.mean(jnp.square(q - target[None]), axis=-1))
         return loss, jnp.mean(q)
 
-    def actor_loss(actor_params, critic_params, alpha, observations, key):
-        actions, log_prob = sample(actor_params, observations, key)
+    def actor_loss(actor_params, critic_params, alpha, observations, key, quant_ranges):
+        actions, log_prob, quant_ranges = sample(actor_params, quant_ranges, observations, key, track=True)
         q = jnp.min(q_values(critic_params, observations, actions), axis=0)
-        return jnp.mean(alpha * log_prob - q), log_prob
+        return jnp.mean(alpha * log_prob - q), (log_prob, quant_ranges)
 
     def one_update(state: TrainState, batch: Transition):
         key, next_key, actor_key = jax.random.split(state.key, 3)
         alpha = jnp.exp(state.log_alpha)
-        next_actions, next_log_prob = sample(state.actor_params, batch.next_observation, next_key)
+        next_actions, next_log_prob, _ = sample(state.actor_params, state.quant_ranges, batch.next_observation, next_key)
         next_q = jnp.min(q_values(state.target_critic_params, batch.next_observation, next_actions), axis=0)
         target = jax.lax.stop_gradient(batch.reward + batch.discount * (next_q - alpha * next_log_prob))
         (critic_value, q_mean), critic_grads = jax.value_and_grad(critic_loss, has_aux=True)(
@@ -132,8 +139,8 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
         critic_params, critic_opt_state = offpolicy.apply_gradients(
             optimizer, state.critic_params, critic_grads, state.critic_opt_state
         )
-        (actor_value, log_prob), actor_grads = jax.value_and_grad(actor_loss, has_aux=True)(
-            state.actor_params, critic_params, alpha, batch.observation, actor_key
+        (actor_value, (log_prob, quant_ranges)), actor_grads = jax.value_and_grad(actor_loss, has_aux=True)(
+            state.actor_params, critic_params, alpha, batch.observation, actor_key, state.quant_ranges
         )
         actor_params, actor_opt_state = offpolicy.apply_gradients(
             optimizer, state.actor_params, actor_grads, state.actor_opt_state
@@ -153,6 +160,7 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
             alpha_opt_state=alpha_opt_state,
             key=key,
             updates=state.updates + 1,
+            quant_ranges=quant_ranges,
         )
         metrics = {
             "critic_loss": critic_value,

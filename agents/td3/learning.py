@@ -18,7 +18,7 @@ import optax
 from agents.td3.config import Config
 from qrl import offpolicy
 from qrl.networks.continuous import CriticEnsemble, DeterministicActor, compute_params
-from qrl.quant import FP32, Precision
+from qrl.quant import FP32, Precision, apply_tracking
 from qrl.replay import Transition
 
 NUM_CRITICS = 2
@@ -36,6 +36,7 @@ class TrainState:
     critic_opt_state: optax.OptState
     key: jax.Array
     updates: jax.Array  # int32 count of critic updates taken.
+    quant_ranges: dict = flax.struct.field(default_factory=dict)  # QAT: the actor's input ranges.
 
 
 training_precision = offpolicy.training_precision  # the config's matmul_dtype: fp32 or bf16.
@@ -73,6 +74,7 @@ def init(key: jax.Array, config: Config, observation_size: int, bounds) -> Train
             critic_opt_state=optimizer.init(critic_params),
             key=key,
             updates=jnp.zeros((), jnp.int32),
+            quant_ranges=offpolicy.init_quant_ranges(config, make_actor, bounds, actor_key, observations),
         )
 
     return fresh_state(key)
@@ -102,13 +104,16 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
         q = q_values(critics, critic_params, batch.observation, batch.action)  # [2, B]
         return jnp.sum(jnp.mean(jnp.square(q - target[None]), axis=-1)), jnp.mean(q)
 
-    def actor_loss(actor_params, critic_params, observations):
-        actions = actor.apply({"params": compute_params(actor_params, actor_precision)}, observations)
+    def actor_loss(actor_params, critic_params, observations, quant_ranges):
+        params = compute_params(actor_params, actor_precision)
+        actions, quant_ranges = apply_tracking(actor, params, quant_ranges, observations)
         first = jax.tree.map(lambda leaf: leaf[:1], critic_params)
-        return -jnp.mean(q_values(first_critic, first, observations, actions))
+        return -jnp.mean(q_values(first_critic, first, observations, actions)), quant_ranges
 
     def delayed_update(state: TrainState, critic_params, observations):
-        value, grads = jax.value_and_grad(actor_loss)(state.actor_params, critic_params, observations)
+        (value, quant_ranges), grads = jax.value_and_grad(actor_loss, has_aux=True)(
+            state.actor_params, critic_params, observations, state.quant_ranges
+        )
         actor_params, actor_opt_state = offpolicy.apply_gradients(
             optimizer, state.actor_params, grads, state.actor_opt_state
         )
@@ -116,12 +121,13 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
             offpolicy.polyak(actor_params, state.target_actor_params, config.tau),
             offpolicy.polyak(critic_params, state.target_critic_params, config.tau),
         )
-        return actor_params, actor_opt_state, targets, value
+        return actor_params, actor_opt_state, targets, value, quant_ranges
 
     def skip_delayed_update(state: TrainState, critic_params, observations):
         del critic_params, observations
         targets = (state.target_actor_params, state.target_critic_params)
-        return state.actor_params, state.actor_opt_state, targets, jnp.full((), jnp.nan, jnp.float32)
+        nan = jnp.full((), jnp.nan, jnp.float32)
+        return state.actor_params, state.actor_opt_state, targets, nan, state.quant_ranges
 
     def one_update(state: TrainState, batch: Transition):
         key, noise_key = jax.random.split(state.key)
@@ -142,7 +148,7 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
             optimizer, state.critic_params, critic_grads, state.critic_opt_state
         )
         count = state.updates + 1
-        actor_params, actor_opt_state, (target_actor_params, target_critic_params), actor_value = jax.lax.cond(
+        actor_params, actor_opt_state, (target_actor_params, target_critic_params), actor_value, quant_ranges = jax.lax.cond(
             count % config.policy_delay == 0, delayed_update, skip_delayed_update,
             state, critic_params, batch.observation,
         )
@@ -155,6 +161,7 @@ def make_update(config: Config, bounds, actor_precision: Optional[Precision] = N
             critic_opt_state=critic_opt_state,
             key=key,
             updates=count,
+            quant_ranges=quant_ranges,
         )
         return new_state, {"critic_loss": critic_value, "actor_loss": actor_value, "q_mean": q_mean}
 

@@ -8,8 +8,10 @@ serving. Parameters per layer:
   precision's dtype — the same names and shapes as `flax.linen.Dense`/`Conv`. Inputs are cast
   to that dtype; products accumulate in float32 and layers output float32.
 - QAT precisions (`qrl.quant.qat`): `kernel` and `bias` float32 as at fp32; the forward pass
-  fake-quantizes the kernel per output channel and the input per tensor, with straight-through
-  gradients, so a QAT network trains on the fp32 network's parameter tree.
+  rounds the input onto the affine grid of its moving-average range (kept in the
+  `quant_ranges` collection; per feature for the observation) and the kernel per output
+  channel, with straight-through gradients — the numerics of the static `int<N>` scheme — so a
+  QAT network trains on the fp32 network's parameter tree.
 - integer precisions: `kernel` (integer values), `kernel_scale` (`[out]` or `[]`), `bias` `[out]`
   float32, and with static activation scales `input_scale` (`[]`, or `[in]` for per-feature
   observation scales) and, on affine grids, `input_zero_point` of the same shape (whose
@@ -29,8 +31,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from qrl.quant import ops
-from qrl.quant.ops import CALIBRATION
+from qrl.quant import aqt_backend, ops
+from qrl.quant.ops import CALIBRATION, QUANT_RANGES
 from qrl.quant.precision import FP32, Precision
 
 Initializer = Callable[..., jax.Array]
@@ -76,17 +78,56 @@ class _QuantizableLayer(nn.Module):
         compute = self.precision.arithmetic_dtype
         return kernel.astype(compute), bias.astype(compute)
 
-    def _qat_operands(self, x, kernel_shape, features, kernel_init, bias_init):
-        """fp32 params; the input and kernel rounded onto the precision's grids (STE gradients)."""
-        kernel = self.param("kernel", kernel_init, kernel_shape, jnp.float32)
-        bias = self.param("bias", bias_init, (features,), jnp.float32)
-        qmax = self.precision.activation_qmax
-        x = ops.fake_quantize_ste(x.astype(jnp.float32), ops.activation_scale(lax.stop_gradient(x), qmax), qmax)
-        kernel = ops.fake_quantize_ste(
-            kernel, ops.symmetric_weight_scale(lax.stop_gradient(kernel), self.precision.weight_qmax),
-            self.precision.weight_qmax,
-        )
-        return x, kernel, bias
+    def _track_input_range(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """This layer's moving-average input range in the `quant_ranges` collection: `input_min`
+        / `input_max` per feature `[in]` for the layer reading the observation, per tensor `[]`
+        otherwise, plus `seen` (int32, batches tracked) and `role` (bit flags, as `calibration`).
+        Updated from `x` (first batch: its own range; then by `precision.range_decay`) only
+        when the collection is mutable — training mode; read-only (frozen) otherwise."""
+        per_feature = self.reads_observation
+        shape = (x.shape[-1],) if per_feature else ()
+        role = ROLE_READS_OBSERVATION * self.reads_observation + ROLE_OUTPUT * self.is_output
+        low = self.variable(QUANT_RANGES, "input_min", jnp.zeros, shape, jnp.float32)
+        high = self.variable(QUANT_RANGES, "input_max", jnp.zeros, shape, jnp.float32)
+        seen = self.variable(QUANT_RANGES, "seen", lambda: jnp.zeros((), jnp.int32))
+        self.variable(QUANT_RANGES, "role", lambda: jnp.asarray(role, jnp.int32))
+        if self.is_mutable_collection(QUANT_RANGES) and not self.is_initializing():
+            axes = tuple(range(x.ndim - 1)) if per_feature else None
+            batch = lax.stop_gradient(x)
+            low.value, high.value = ops.ema_range(
+                low.value, high.value, seen.value, jnp.min(batch, axis=axes), jnp.max(batch, axis=axes),
+                self.precision.range_decay,
+            )
+            seen.value = seen.value + 1
+        return low.value, high.value
+
+    def _qat_forward(self, x: jax.Array, kernel_shape, features: int, contract) -> jax.Array:
+        """A QAT layer: float32 `kernel` / `bias`, the int<N> serving arithmetic simulated.
+
+        The input goes onto the affine grid of its moving-average range (`x_q - z`, integer
+        valued; per feature for the observation, whose scales fold into the kernel before it is
+        quantized per output channel, as `qrl.quant.quantize_params` does), the kernel onto its
+        symmetric per-output-channel grid, straight-through gradients for both. During the
+        quantization delay (`fake_quant` False) the forward pass is float, ranges tracked.
+        """
+        precision = self.precision
+        kernel = self.param("kernel", self.kernel_init, kernel_shape, jnp.float32)
+        bias = self.param("bias", self.bias_init, (features,), jnp.float32)
+        x = x.astype(jnp.float32)
+        low, high = self._track_input_range(x)
+        if not precision.fake_quant:
+            return contract(x, kernel, jnp.float32) + bias
+        if precision.backend == "aqt" and len(kernel_shape) == 2:
+            return aqt_backend.fake_quant_dense(x, kernel, precision.bits) + bias
+        scale, zero_point = ops.grid_range(low, high, precision)
+        x_q = ops.fake_quantize_grid_ste(x, scale, zero_point, precision.activation_qmin, precision.activation_qmax)
+        qmax = precision.weight_qmax
+        if self.reads_observation:  # y = sum_i (q_i - z_i) * (s_i * W_i): the input scales fold into the kernel.
+            folded = kernel * scale[:, None]
+            folded = ops.fake_quantize_ste(folded, ops.symmetric_weight_scale(lax.stop_gradient(folded), qmax), qmax)
+            return contract(x_q, folded, jnp.float32) + bias
+        kernel = ops.fake_quantize_ste(kernel, ops.symmetric_weight_scale(lax.stop_gradient(kernel), qmax), qmax)
+        return contract(x_q, kernel, jnp.float32) * scale + bias
 
     def _integer_forward(self, x: jax.Array, kernel_shape, features: int, contract) -> jax.Array:
         """An integer layer: params as `qrl.quant.quantize_params` writes them, `contract(x, kernel,
@@ -140,8 +181,7 @@ class Dense(_QuantizableLayer):
         kernel_shape = (x.shape[-1], self.features)
         precision = self.precision
         if precision.trainable:
-            x, kernel, bias = self._qat_operands(x, kernel_shape, self.features, self.kernel_init, self.bias_init)
-            return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ()))) + bias
+            return self._qat_forward(x, kernel_shape, self.features, _dense_contract)
         if precision.is_float:
             self._record_input_range(x)
             kernel, bias = self._float_params(kernel_shape, self.features, self.kernel_init, self.bias_init)
@@ -173,8 +213,7 @@ class Conv(_QuantizableLayer):
         kernel_shape = (*self.kernel_size, x.shape[-1], self.features)
         precision = self.precision
         if precision.trainable:
-            x, kernel, bias = self._qat_operands(x, kernel_shape, self.features, self.kernel_init, self.bias_init)
-            return self._convolve(x, kernel, jnp.float32) + bias
+            return self._qat_forward(x, kernel_shape, self.features, self._convolve)
         if precision.is_float:
             self._record_input_range(x)
             kernel, bias = self._float_params(kernel_shape, self.features, self.kernel_init, self.bias_init)

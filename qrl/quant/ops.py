@@ -18,6 +18,7 @@ import numpy as np
 from qrl.quant.precision import Precision
 
 CALIBRATION = "calibration"  # flax collection where fp32 layers record their input ranges.
+QUANT_RANGES = "quant_ranges"  # flax collection of QAT layers' moving-average input ranges.
 
 
 def _safe_scale(scale: jax.Array) -> jax.Array:
@@ -82,6 +83,34 @@ def _fake_quantize_ste_jvp(qmax, primals, tangents):
     x, scale = primals
     x_dot, _ = tangents
     return fake_quantize_ste(x, scale, qmax), x_dot
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def fake_quantize_grid_ste(x: jax.Array, scale: jax.Array, zero_point: jax.Array, qmin: int, qmax: int) -> jax.Array:
+    """`clip(round(x / scale) + zero_point, qmin, qmax) - zero_point`: the grid integer of `x`
+    relative to the zero point (float32, integer-valued), as `quantize_to_grid` rounds it; scale
+    and zero point `[]` or per feature (last axis). Straight-through gradient `1 / scale` with
+    respect to `x` (so `scale * result` passes gradients as the identity), none to scale or
+    zero point."""
+    q = jnp.clip(jnp.round(x / scale) + zero_point, qmin, qmax)
+    return q - zero_point
+
+
+@fake_quantize_grid_ste.defjvp
+def _fake_quantize_grid_ste_jvp(qmin, qmax, primals, tangents):
+    x, scale, zero_point = primals
+    x_dot, _, _ = tangents
+    return fake_quantize_grid_ste(x, scale, zero_point, qmin, qmax), x_dot / scale
+
+
+def ema_range(low: jax.Array, high: jax.Array, seen: jax.Array, batch_low: jax.Array, batch_high: jax.Array,
+              decay: float) -> tuple[jax.Array, jax.Array]:
+    """Moving averages of a range: `decay * old + (1 - decay) * batch` once `seen` (nonzero),
+    the batch's own range on the first batch (no pull towards a zero start)."""
+    first = jnp.asarray(seen) == 0
+    low = jnp.where(first, batch_low, decay * low + (1.0 - decay) * batch_low)
+    high = jnp.where(first, batch_high, decay * high + (1.0 - decay) * batch_high)
+    return low.astype(jnp.float32), high.astype(jnp.float32)
 
 
 def grid_range(low, high, precision: Precision):

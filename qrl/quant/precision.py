@@ -177,6 +177,24 @@ class Precision:
         return reads_observation and self.quantizes_activations and self.observation == "feature"
 
 
+@dataclasses.dataclass(frozen=True)
+class QatPrecision(Precision):
+    """A quantization-aware training precision `qat<N>` (see `qrl.quant.qat.qat_precision`):
+    float32 parameters, the forward pass rounding onto the grids of the serving scheme `int<N>`
+    (static activation ranges, affine grids, per-feature observation, per-channel weights).
+
+    Attributes (beyond `Precision`'s):
+      range_decay: decay of the moving averages of every layer input's min/max.
+      fake_quant: False during the quantization delay: float forward, ranges still tracked.
+      backend: `qrl` (fake quantization onto the int<N> grids) or `aqt` (AQT's fake-quantized
+        matmul; same ranges tracked for export).
+    """
+
+    range_decay: float = 0.99
+    fake_quant: bool = True
+    backend: str = "qrl"
+
+
 FP32 = Precision("fp32")
 QUARL_FP16 = Precision("quarl_fp16", dtype=jnp.float16, compute_dtype=jnp.float32)
 QUARL_DYN8 = Precision("quarl_dyn8", bits=8, weight_rule="symmetric", activations="dynamic", integer_kernel=True,

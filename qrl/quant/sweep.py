@@ -90,8 +90,10 @@ def run_sweep(
     env_options: Optional[dict] = None,
     log: Callable[[str], None] = print,
     max_steps: Optional[int] = None,
+    input_ranges: Optional[dict] = None,
 ) -> dict:
     """Evaluates `params` (fp32) at every precision; returns a JSON-ready results dict.
+    `input_ranges` (a calibration tree, e.g. a QAT run's trained ranges) replaces calibration.
 
     Episode i of every precision runs in an environment seeded `seed + i`, so all precisions
     face the same episodes. Calibration states come from fp32 rollouts seeded `seed + 10_000`,
@@ -109,7 +111,8 @@ def run_sweep(
     divergence_states = evaluation.collect_observations(
         fp32_policy, env_id, divergence_steps, seed=seed + 20_000, env_options=env_options
     )
-    input_ranges = calibrate(fp32_network.apply, params, calibration_states)
+    if input_ranges is None:
+        input_ranges = calibrate(fp32_network.apply, params, calibration_states)
     reference_outputs = fp32_apply(divergence_states)
     reference_actions = spec.outputs_to_actions(reference_outputs)
 
