@@ -277,7 +277,7 @@ def init_state(
     observation_spec: specs.Array,
     qat_actor: Optional[nn.Module] = None,
 ) -> TrainState:
-    """A fresh train state (one jitted call); with a `qat_actor` (see `qat_actor`), its
+    """A fresh train state (one jitted call); with a `qat_actor` (see `make_qat_actor`), its
     unseen input ranges."""
     dummy = jnp.zeros((1, *observation_spec.shape), observation_spec.dtype)
 
@@ -400,7 +400,7 @@ def acting_precisions(config: Any) -> tuple[Precision, ...]:
     return (FP32, serving_precision(config.qat_bits)) if config.qat_bits else (FP32,)
 
 
-def qat_actor(make_actor_critic: Callable[..., ActorCritic], config: Any, observation_spec: specs.Array,
+def make_qat_actor(make_actor_critic: Callable[..., ActorCritic], config: Any, observation_spec: specs.Array,
               action_spec: specs.Array) -> Optional[nn.Module]:
     """The QAT actor whose ranges a train state carries (None without QAT)."""
     if not config.qat_bits:

@@ -35,7 +35,7 @@ def make_optimizer(config: Config, num_iterations: int = 1) -> optax.GradientTra
 def init(key: jax.Array, config: Config, observation_spec: specs.Array, action_spec: specs.Array) -> TrainState:
     """A fresh train state for these specs."""
     actor_critic = make_actor_critic(config, observation_spec, action_spec)
-    qat_actor = onpolicy.qat_actor(make_actor_critic, config, observation_spec, action_spec)
+    qat_actor = onpolicy.make_qat_actor(make_actor_critic, config, observation_spec, action_spec)
     return onpolicy.init_state(key, actor_critic, make_optimizer(config), observation_spec, qat_actor)
 
 
