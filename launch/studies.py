@@ -217,8 +217,12 @@ def run_cell(
     log_path = os.path.join(cell_dir, "log.txt")
     os.makedirs(cell_dir, exist_ok=True)
     done = {"trained": False, "evaluated": False}
-    if not os.path.exists(os.path.join(train_dir, runs.RESULTS_FILE)):
-        workdirs.remove_outputs(train_dir)  # an unfinished run: start it again.
+    eval_dir = os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
+    evaluated = os.path.exists(os.path.join(eval_dir, runs.RESULTS_FILE))
+    # Train again a run that did not finish, and a finished one whose checkpoints are gone (a
+    # study resumed from its committed results) while its evaluation is still to do.
+    if not runs.is_finished(train_dir) or (not evaluated and not has_checkpoint(train_dir)):
+        workdirs.remove_outputs(train_dir)
         args = [f"--agent={cell.agent}", f"--env={cell.env_id}", f"--steps={cell.steps}", f"--seed={cell.seed}",
                 f"--workdir={train_dir}", f"--eval_episodes={episodes}", "--progress=false", *train_args]
         args += [f"--set={key}={value}" for key, value in overrides.items()]
@@ -226,8 +230,7 @@ def run_cell(
             args += [f"--qat_bits={cell.qat_bits}", f"--quant_delay={cell.quant_delay}"]
         _run_module("launch.train", args, log_path)
         done["trained"] = True
-    eval_dir = os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
-    if not os.path.exists(os.path.join(eval_dir, runs.RESULTS_FILE)):
+    if not evaluated:
         if cell.qat_bits:
             args = [f"--precisions={serving_precision(cell.qat_bits).name}", "--ranges=trained"]
         else:
@@ -236,6 +239,13 @@ def run_cell(
         _run_module("launch.ptq", args, log_path)
         done["evaluated"] = True
     return done
+
+
+def has_checkpoint(train_dir: str) -> bool:
+    """Whether a training run's directory still holds a checkpoint (studies commit only the cells'
+    JSON and CSV outputs, see .gitignore)."""
+    checkpoints = os.path.join(train_dir, runs.CHECKPOINT_DIR)
+    return os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))
 
 
 def run_study(
@@ -285,7 +295,8 @@ def run_study(
 
 
 def write_weight_plots(study_dir: str, cells: Sequence[Cell], precisions: str) -> dict:
-    """Weight histograms (fp32 vs quantized kernels) of each pair's first fp32-trained policy."""
+    """Weight histograms (fp32 vs quantized kernels) of each pair's first fp32-trained policy; a
+    pair whose plot is missing and whose fp32 checkpoints are all gone gets none."""
     plots = {}
     parsed = parse_precisions(precisions, "static")
     for cell in cells:
@@ -294,6 +305,8 @@ def write_weight_plots(study_dir: str, cells: Sequence[Cell], precisions: str) -
             continue
         path = os.path.join(study_dir, "plots", f"weights_{cell.agent}_{env_slug(cell.env_id)}.png")
         if not os.path.exists(path):
+            if not has_checkpoint(os.path.join(study_dir, cell.relative_dir, TRAIN_DIR)):
+                continue
             restored = runs.restore_run(os.path.join(study_dir, cell.relative_dir, TRAIN_DIR))
             params = restored.agent.policy_params(restored.state)
             study_report.plot_weight_histograms(params, parsed, f"{cell.agent} on {cell.env_id}, seed {cell.seed}", path)

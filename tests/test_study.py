@@ -3,11 +3,13 @@
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
 from tests.test_cli import assert_input_error, run_module
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--steps=2000", "--set=dqn.learning_starts=500", "--episodes=2", "--precisions=fp32,int8,int4", "--qat_bits=8"]
 
 
@@ -47,6 +49,41 @@ def test_study_skips_finished_cells_and_restarts_unfinished_runs(study):
     assert "seed 0 fp32: already done" in completed.stdout
     assert "seed 0 qat8: trained, evaluated" in completed.stdout
     assert os.path.exists(os.path.join(qat_train, "results.json"))
+
+
+def committed_files(study_dir: str) -> list[str]:
+    """The study's files (relative paths) that .gitignore lets a commit keep, were the study under
+    results/<group>/<name>/ as the README's studies are."""
+    paths = sorted(os.path.relpath(os.path.join(root, name), study_dir)
+                   for root, _, names in os.walk(study_dir) for name in names)
+    as_committed = [f"results/quarl_study/tiny/{path}" for path in paths]
+    checked = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=REPO_ROOT, text=True,
+                             input="\n".join(as_committed) + "\n", capture_output=True)
+    assert checked.returncode in (0, 1), checked.stderr
+    ignored = set(checked.stdout.split())
+    return [path for path, committed in zip(paths, as_committed) if committed not in ignored]
+
+
+def test_study_resumes_from_its_committed_files_alone(study, tmp_path):
+    kept = committed_files(study)
+    cell = "cells/dqn/gym_CartPole-v1/seed0"
+    assert f"{cell}/fp32/ptq/results.json" in kept and f"{cell}/qat8/qat_eval/results.json" in kept
+    assert f"{cell}/fp32/train/results.json" in kept and "report.md" in kept
+    assert not any("/checkpoints/" in path or "/tb/" in path for path in kept)  # checkpoints stay local.
+    resumed = str(tmp_path / "quarl")
+    for path in kept:
+        os.makedirs(os.path.dirname(os.path.join(resumed, path)), exist_ok=True)
+        shutil.copy(os.path.join(study, path), os.path.join(resumed, path))
+    completed = run_module("launch.quarl_study", f"--workdir={resumed}", "--agents=dqn", "--envs=gym:CartPole-v1", *TINY)
+    assert completed.returncode == 0, completed.stderr
+    assert "seed 0 fp32: already done" in completed.stdout and "seed 0 qat8: already done" in completed.stdout
+    with open(os.path.join(study, "results.json")) as original, open(os.path.join(resumed, "results.json")) as again:
+        assert json.load(original)["pairs"] == json.load(again)["pairs"]
+    # An evaluation still to do needs the checkpoint the commit left out: the cell trains again.
+    os.remove(os.path.join(resumed, cell, "qat8/qat_eval/results.json"))
+    completed = run_module("launch.quarl_study", f"--workdir={resumed}", "--agents=dqn", "--envs=gym:CartPole-v1", *TINY)
+    assert completed.returncode == 0, completed.stderr
+    assert "seed 0 fp32: already done" in completed.stdout and "seed 0 qat8: trained, evaluated" in completed.stdout
 
 
 @pytest.mark.parametrize("args,fragment", [
