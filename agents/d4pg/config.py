@@ -66,10 +66,16 @@ class Config(qrl_config.ConfigMethods, agent="d4pg", validate=validate):
 # values sit near the top, a random one's around -600; atoms 33 apart). One update per step with
 # Polyak targets and Adam 1e-3 (rl-baselines3-zoo's TD3/DDPG Pendulum rate) learns within the
 # 20k steps the zoo gives TD3/DDPG there; exploration 0.1 as theirs.
+# InvertedPendulum-v5: reward 1 per step alive, so values lie in [0, 1 / (1 - 0.99)] = [0, 100];
+# updates as Pendulum's preset.
 # HalfCheetah-v5: rewards up to about 12 per step; [-200, 1200] covers a good policy's values.
 PRESETS: dict[str, dict[str, Any]] = {
     "gym:Pendulum-v1": dict(
         v_min=-1650.0, v_max=0.0, learning_rate=1e-3, train_freq=1, gradient_steps=1,
+        target_update_period=1, tau=0.005, exploration_noise=0.1,
+    ),
+    "gym:InvertedPendulum-v5": dict(
+        v_min=0.0, v_max=100.0, learning_rate=1e-3, train_freq=1, gradient_steps=1,
         target_update_period=1, tau=0.005, exploration_noise=0.1,
     ),
     "gym:HalfCheetah-v5": dict(v_min=-200.0, v_max=1200.0),

@@ -63,6 +63,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         train_freq=1, gradient_steps=1, actor_learning_rate=1e-3, critic_learning_rate=1e-3,
         hidden_sizes=(400, 300),
     ),
+    # InvertedPendulum-v5: the MuJoCo defaults with 1,000 random steps (its episodes end within
+    # a few steps at first; 10,000 random steps would be most of a short run's budget).
+    "gym:InvertedPendulum-v5": dict(
+        _SB3, learning_starts=1_000, exploration_noise=0.1, train_freq=1, gradient_steps=1,
+        actor_learning_rate=1e-3, critic_learning_rate=1e-3, hidden_sizes=(400, 300),
+    ),
     "gym:HalfCheetah-v5": dict(
         _SB3, learning_starts=10_000, exploration_noise=0.1, train_freq=1, gradient_steps=1,
         actor_learning_rate=1e-3, critic_learning_rate=1e-3, hidden_sizes=(400, 300),

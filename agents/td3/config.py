@@ -63,6 +63,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         gamma=0.98, buffer_size=200_000, learning_starts=10_000, exploration_noise=0.1,
         train_freq=1, gradient_steps=1, learning_rate=1e-3, hidden_sizes=(400, 300), batch_size=256,
     ),
+    # InvertedPendulum-v5: the MuJoCo defaults with 1,000 random steps (as DDPG's preset).
+    "gym:InvertedPendulum-v5": dict(
+        learning_starts=1_000, exploration_noise=0.1, train_freq=1, gradient_steps=1,
+        learning_rate=1e-3, batch_size=256, hidden_sizes=(400, 300),
+    ),
     "gym:HalfCheetah-v5": dict(
         learning_starts=10_000, exploration_noise=0.1, train_freq=1, gradient_steps=1,
         learning_rate=1e-3, batch_size=256, hidden_sizes=(400, 300),
