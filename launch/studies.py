@@ -50,6 +50,12 @@ DEFAULT_STEPS: dict[tuple[str, str], int] = {
     ("ddpg", "gym:Pendulum-v1"): 20_000,  # likewise.
     ("d4pg", "gym:Pendulum-v1"): 20_000,
     ("ppo", "gymnax:Breakout-MinAtar"): 1_000_000,
+    # InvertedPendulum-v5: TD3 and DDPG first hold the pole (1000) between 15k and 20k steps;
+    # SAC and D4PG by 15k.
+    ("td3", "gym:InvertedPendulum-v5"): 30_000,
+    ("ddpg", "gym:InvertedPendulum-v5"): 30_000,
+    ("sac", "gym:InvertedPendulum-v5"): 20_000,
+    ("d4pg", "gym:InvertedPendulum-v5"): 20_000,
 }
 FALLBACK_STEPS = 100_000
 # Both families side by side: QuaRL's (weight-only quarl<N>, its fp16 and dynamic int8) and qrl's
