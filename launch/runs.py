@@ -7,6 +7,8 @@ import dataclasses
 import os
 from typing import Any, Collection, Mapping, Optional
 
+import numpy as np
+
 import qrl
 from launch.common import require_workdir
 from qrl import config as qrl_config, envs, io, runtime, workdirs
@@ -280,3 +282,61 @@ def ptq_run(
     title = f"{restored.run_config['agent']} on {restored.env_id}"
     paths = write_ptq_outputs(sweep, out_dir, title=title)
     return sweep, paths
+
+
+def export_run(
+    workdir: str,
+    precision: str,
+    out_path: str,
+    activations: str = "static",
+    calibration_steps: int = 2048,
+    probe_steps: int = 1024,
+    seed: int = 0,
+    step: Optional[int] = None,
+    trained_ranges: bool = False,
+) -> dict:
+    """Exports the trained policy of the run in `workdir` at `precision` as an ONNX model at
+    `out_path` plus its sidecar (`qrl.deploy.export`); returns the sidecar.
+
+    Static activation scales come from the same fp32 rollouts the PTQ sweep calibrates on
+    (`seed`, `calibration_steps`), or from a QAT run's trained ranges, so the exported int8
+    policy is the one `launch.ptq` evaluates. The model is checked against the JAX policy on
+    `probe_steps` states of other fp32 rollouts before it is written (the sidecar's `agreement`)."""
+    from qrl.deploy import export as deploy_export
+    from qrl.quant.ptq import needs_calibration
+    from qrl.quant.sweep import calibration_ranges, probe_states
+
+    (parsed,) = _single_precision(precision, activations)
+    check_ranges([("calibration_steps", calibration_steps, AT_LEAST_1), ("probe_steps", probe_steps, AT_LEAST_1)])
+    deploy_export.check_out_path(out_path)
+    runtime.configure_jax()
+    restored = restore_run(workdir, step=step, require_finished=step is None)
+    spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)
+    params = restored.agent.policy_params(restored.state)
+    env_options = restored.run_config.get("env_options", {})
+    input_ranges, ranges_source = None, "none"
+    if trained_ranges:
+        quant_ranges = getattr(restored.state, "quant_ranges", None)
+        if not quant_ranges:
+            raise QrlInputError(f"--ranges=trained needs a QAT run; {workdir} holds no trained activation ranges")
+        input_ranges, ranges_source = calibration_from_ranges(quant_ranges), "trained"
+    elif needs_calibration(parsed):
+        input_ranges = calibration_ranges(spec, params, restored.env_id, calibration_steps, seed, env_options)
+        ranges_source = f"calibrated on {calibration_steps} fp32 rollout states (seed {seed + 10_000})"
+    fn = deploy_export.policy_function(spec, params, parsed, input_ranges)
+    probes = probe_states(spec, params, restored.env_id, probe_steps, seed, env_options)
+    description = {
+        "agent": restored.run_config["agent"], "env": restored.env_id, "precision": parsed.name,
+        "action": deploy_export.action_description(restored.action_spec),
+        "source": {"workdir": os.path.abspath(workdir), "checkpoint_step": restored.step,
+                   "run_finished": restored.finished, "activation_ranges": ranges_source},
+    }
+    return deploy_export.export_policy(fn, restored.observation_spec.shape, out_path, description,
+                                       probe_observations=np.asarray(probes, np.float32))
+
+
+def _single_precision(name: str, activations: str) -> list:
+    """One precision name parsed (a list of one), an input error for a list."""
+    if "," in str(name):
+        raise QrlInputError(f"--precision takes one scheme, not a list: {name!r}")
+    return parse_precisions(name, activations)

@@ -10,7 +10,7 @@ import pytest
 from tests import bad_inputs
 from tests.bad_input import run_case
 
-ENTRY_POINTS = ("actorq", "actorq_study", "dataset_info", "demo", "make_dataset", "prune_offline",
+ENTRY_POINTS = ("actorq", "actorq_study", "dataset_info", "demo", "export", "make_dataset", "prune_offline",
                 "prune_study", "ptq", "quarl_study", "train")
 MIN_CASES_PER_ENTRY_POINT = 10
 

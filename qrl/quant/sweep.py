@@ -77,6 +77,31 @@ def _divergence_metrics(kind: str, reference: jax.Array, other: jax.Array, actio
     return {"mean_action_distance": float(divergence_lib.mean_action_distance(actions_ref, actions_other))}
 
 
+def _fp32_policy(spec: PolicySpec, params: dict) -> tuple[Callable, Callable[[np.ndarray], np.ndarray]]:
+    """(jitted fp32 network outputs, numpy fp32 policy) of `params`."""
+    fp32_network = spec.build_network(FP32)
+    fp32_apply = jax.jit(lambda obs: fp32_network.apply({"params": params}, obs))
+    return fp32_apply, lambda obs: np.asarray(spec.outputs_to_actions(fp32_apply(obs)))
+
+
+def calibration_ranges(spec: PolicySpec, params: dict, env_id: str, calibration_steps: int, seed: int = 0,
+                       env_options: Optional[dict] = None) -> dict:
+    """Every layer's input ranges (`calibrate`) over `calibration_steps` states of fp32 rollouts
+    seeded `seed + 10_000`: the static scales the sweep, the demo and the export all use."""
+    _, fp32_policy = _fp32_policy(spec, params)
+    states = evaluation.collect_observations(fp32_policy, env_id, calibration_steps, seed=seed + 10_000,
+                                             env_options=env_options)
+    return calibrate(spec.build_network(FP32).apply, params, states)
+
+
+def probe_states(spec: PolicySpec, params: dict, env_id: str, steps: int, seed: int = 0,
+                 env_options: Optional[dict] = None) -> np.ndarray:
+    """`[steps, ...]` states of fp32 rollouts seeded `seed + 20_000`, on which quantized
+    policies' actions are compared with fp32's (disjoint from the calibration states)."""
+    _, fp32_policy = _fp32_policy(spec, params)
+    return evaluation.collect_observations(fp32_policy, env_id, steps, seed=seed + 20_000, env_options=env_options)
+
+
 def run_sweep(
     spec: PolicySpec,
     params: dict,
@@ -102,17 +127,10 @@ def run_sweep(
     """
     if spec.divergence not in DIVERGENCE_KINDS:
         raise ValueError(f"unknown divergence kind {spec.divergence!r}")
-    fp32_network = spec.build_network(FP32)
-    fp32_apply = jax.jit(lambda obs: fp32_network.apply({"params": params}, obs))
-    fp32_policy = lambda obs: np.asarray(spec.outputs_to_actions(fp32_apply(obs)))
-    calibration_states = evaluation.collect_observations(
-        fp32_policy, env_id, calibration_steps, seed=seed + 10_000, env_options=env_options
-    )
-    divergence_states = evaluation.collect_observations(
-        fp32_policy, env_id, divergence_steps, seed=seed + 20_000, env_options=env_options
-    )
+    fp32_apply, _ = _fp32_policy(spec, params)
+    divergence_states = probe_states(spec, params, env_id, divergence_steps, seed, env_options)
     if input_ranges is None:
-        input_ranges = calibrate(fp32_network.apply, params, calibration_states)
+        input_ranges = calibration_ranges(spec, params, env_id, calibration_steps, seed, env_options)
     reference_outputs = fp32_apply(divergence_states)
     reference_actions = spec.outputs_to_actions(reference_outputs)
 

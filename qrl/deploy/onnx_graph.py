@@ -1,0 +1,440 @@
+"""A JAX function of observations, traced to a jaxpr, written as an ONNX graph.
+
+qrl's networks are flax modules whose precision decides their arithmetic (`qrl.networks.layers`),
+so one translation of the traced computation serves every agent and every scheme: the int8
+layers' `dot_general` / `conv_general_dilated` on int8 operands with int32 accumulation become
+ONNX's standard `MatMulInteger` / `ConvInteger`, their rounding `Round` (half to even, as
+`jnp.round`), float layers `MatMul` / `Conv`. Parameters are closed over as constants, and
+every operation whose inputs are all constants (dequantizing a kernel, folding scales) is
+evaluated at export time, so the graph holds only what runs per observation.
+
+Written on the `onnx` package directly rather than through a JAX-to-ONNX exporter: the one
+maintained exporter pulls in a model hub client, a viewer and pinned orbax versions, and its
+int8 handling is not a faithful integer kernel. Operations not listed in `_TRANSLATIONS` are an
+input error naming the operation.
+
+The batch axis stays symbolic (`jax.export.symbolic_shape`): the graph runs at any batch size.
+"""
+
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import onnx
+from jax.extend import core as jax_core
+from onnx import TensorProto, helper, numpy_helper
+
+from qrl.errors import QrlInputError
+
+OPSET = 21
+BATCH = "batch"
+
+_ONNX_DTYPES = {
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.int16): TensorProto.INT16,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
+_INTEGER_KERNEL_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def onnx_dtype(dtype: Any) -> int:
+    """The ONNX element type of a numpy/JAX dtype; an input error for one ONNX lacks."""
+    dtype = np.dtype(dtype)
+    if dtype not in _ONNX_DTYPES:
+        raise QrlInputError(f"the policy computes in {dtype}, which the ONNX export does not support")
+    return _ONNX_DTYPES[dtype]
+
+
+class _Graph:
+    """ONNX nodes and initializers under construction; values are tensor names."""
+
+    def __init__(self, batch_input: str):
+        self.nodes: list = []
+        self.initializers: list = []
+        self._names = 0
+        self._batch_input = batch_input
+        self._batch_size: Optional[str] = None
+
+    def name(self, hint: str) -> str:
+        self._names += 1
+        return f"{hint}_{self._names}"
+
+    def node(self, op: str, inputs: Sequence[str], hint: Optional[str] = None, **attributes) -> str:
+        output = self.name(hint or op.lower())
+        self.nodes.append(helper.make_node(op, list(inputs), [output], **attributes))
+        return output
+
+    def const(self, value: Any, hint: str = "const") -> str:
+        array = np.asarray(value)
+        name = self.name(hint)
+        if array.dtype == ml_dtypes.bfloat16:
+            tensor = helper.make_tensor(name, TensorProto.BFLOAT16, array.shape,
+                                        array.view(np.uint16).flatten().tolist(), raw=False)
+        else:
+            tensor = numpy_helper.from_array(array, name)
+        self.initializers.append(tensor)
+        return name
+
+    def batch_size(self) -> str:
+        """`[1]` int64: the batch size of the graph's input, computed once."""
+        if self._batch_size is None:
+            shape = self.node("Shape", [self._batch_input], "input_shape")
+            self._batch_size = self.node("Slice", [shape, self.const(np.array([0], np.int64)),
+                                                   self.const(np.array([1], np.int64))], "batch_size")
+        return self._batch_size
+
+    def shape(self, dims: Sequence[Any], batch_symbol: Any) -> str:
+        """A shape tensor `[rank]` int64 for `dims`, whose symbolic entries must be the batch."""
+        if all(isinstance(dim, (int, np.integer)) for dim in dims):
+            return self.const(np.asarray(dims, np.int64), "shape")
+        pieces = []
+        for dim in dims:
+            if isinstance(dim, (int, np.integer)):
+                pieces.append(self.const(np.array([dim], np.int64), "dim"))
+            elif dim == batch_symbol:
+                pieces.append(self.batch_size())
+            else:
+                raise QrlInputError(f"the policy's graph uses a shape {dims} the ONNX export cannot express")
+        return self.node("Concat", pieces, "shape", axis=0)
+
+
+def _is_concrete(shape: Sequence[Any]) -> bool:
+    return all(isinstance(dim, (int, np.integer)) for dim in shape)
+
+
+class _Translator:
+    """Walks a jaxpr, folding constant operations and emitting ONNX nodes for the rest."""
+
+    def __init__(self, graph: _Graph, batch_symbol: Any):
+        self.graph = graph
+        self.batch_symbol = batch_symbol
+        self.constants: dict = {}  # var -> numpy array
+        self.names: dict = {}  # var -> tensor name
+
+    def read(self, atom) -> tuple[bool, Any]:
+        """(is_constant, numpy array or tensor name) of a jaxpr atom."""
+        if isinstance(atom, jax_core.Literal):
+            return True, np.asarray(atom.val, dtype=atom.aval.dtype)
+        if atom in self.constants:
+            return True, self.constants[atom]
+        return False, self.names[atom]
+
+    def name_of(self, atom) -> str:
+        constant, value = self.read(atom)
+        return self.graph.const(value) if constant else value
+
+    def run(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Any]) -> list:
+        """Translates `jaxpr` with constvars bound to `consts` and invars to `inputs` (each a
+        (is_constant, value) pair); returns the outputs as such pairs."""
+        for var, value in zip(jaxpr.constvars, consts):
+            self.constants[var] = np.asarray(value)
+        for var, (constant, value) in zip(jaxpr.invars, inputs):
+            (self.constants if constant else self.names)[var] = value
+        for eqn in jaxpr.eqns:
+            self._equation(eqn)
+        return [self.read(var) for var in jaxpr.outvars]
+
+    def _equation(self, eqn) -> None:
+        name = eqn.primitive.name
+        inner = _inner_jaxpr(eqn)
+        if inner is not None:
+            closed_consts = inner.consts if hasattr(inner, "consts") else ()
+            jaxpr = inner.jaxpr if hasattr(inner, "jaxpr") else inner
+            outputs = _Translator.run(self, jaxpr, closed_consts, [self.read(atom) for atom in eqn.invars])
+            for var, (constant, value) in zip(eqn.outvars, outputs):
+                (self.constants if constant else self.names)[var] = value
+            return
+        values = [self.read(atom) for atom in eqn.invars]
+        if all(constant for constant, _ in values) and all(_is_concrete(var.aval.shape) for var in eqn.outvars):
+            results = eqn.primitive.bind(*[jnp.asarray(value) for _, value in values], **eqn.params)
+            results = results if eqn.primitive.multiple_results else [results]
+            for var, result in zip(eqn.outvars, results):
+                self.constants[var] = np.asarray(result)
+            return
+        translate = _TRANSLATIONS.get(name)
+        if translate is None:
+            raise QrlInputError(f"the policy uses the JAX operation {name!r}, which the ONNX export does not support")
+        outputs = translate(self, eqn)
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        for var, output in zip(eqn.outvars, outputs):
+            self.names[var] = output
+
+
+def _inner_jaxpr(eqn):
+    """The sub-jaxpr a call-like equation (jit, custom_jvp/vjp, checkpoint) runs, else None."""
+    if eqn.primitive.name in ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint"):
+        return eqn.params.get("jaxpr") or eqn.params.get("call_jaxpr")
+    if eqn.primitive.name in ("custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"):
+        return eqn.params.get("call_jaxpr") or eqn.params.get("fun_jaxpr")
+    return None
+
+
+def _elementwise(op: str) -> Callable:
+    def translate(t: _Translator, eqn) -> str:
+        return t.graph.node(op, [t.name_of(atom) for atom in eqn.invars])
+    return translate
+
+
+def _convert(t: _Translator, eqn) -> str:
+    return t.graph.node("Cast", [t.name_of(eqn.invars[0])], to=onnx_dtype(eqn.params["new_dtype"]))
+
+
+def _round(t: _Translator, eqn) -> str:
+    x = t.name_of(eqn.invars[0])
+    if int(eqn.params["rounding_method"]) == int(jax.lax.RoundingMethod.TO_NEAREST_EVEN):
+        return t.graph.node("Round", [x])
+    dtype = eqn.invars[0].aval.dtype  # away from zero: sign(x) * floor(|x| + 1/2).
+    half = t.graph.const(np.asarray(0.5, dtype))
+    magnitude = t.graph.node("Floor", [t.graph.node("Add", [t.graph.node("Abs", [x]), half])])
+    return t.graph.node("Mul", [t.graph.node("Sign", [x]), magnitude])
+
+
+def _clamp(t: _Translator, eqn) -> str:
+    low, x, high = (t.name_of(atom) for atom in eqn.invars)
+    return t.graph.node("Min", [t.graph.node("Max", [x, low]), high])
+
+
+def _select_n(t: _Translator, eqn) -> str:
+    if len(eqn.invars) != 3:
+        raise QrlInputError("the policy uses a select_n with more than two cases, which the ONNX export does not support")
+    predicate, if_false, if_true = (t.name_of(atom) for atom in eqn.invars)
+    if eqn.invars[0].aval.dtype != np.bool_:
+        predicate = t.graph.node("Cast", [predicate], to=TensorProto.BOOL)
+    return t.graph.node("Where", [predicate, if_true, if_false])
+
+
+def _integer_pow(t: _Translator, eqn) -> str:
+    x = t.name_of(eqn.invars[0])
+    exponent = int(eqn.params["y"])
+    if exponent < 1:
+        return t.graph.node("Pow", [x, t.graph.const(np.asarray(exponent, eqn.invars[0].aval.dtype))])
+    result = x
+    for _ in range(exponent - 1):
+        result = t.graph.node("Mul", [result, x])
+    return result
+
+
+def _rsqrt(t: _Translator, eqn) -> str:
+    return t.graph.node("Reciprocal", [t.graph.node("Sqrt", [t.name_of(eqn.invars[0])])])
+
+
+def _ne(t: _Translator, eqn) -> str:
+    return t.graph.node("Not", [t.graph.node("Equal", [t.name_of(atom) for atom in eqn.invars])])
+
+
+def _square(t: _Translator, eqn) -> str:
+    x = t.name_of(eqn.invars[0])
+    return t.graph.node("Mul", [x, x])
+
+
+def _identity(t: _Translator, eqn) -> str:
+    return t.graph.node("Identity", [t.name_of(eqn.invars[0])])
+
+
+def _reduce(op: str) -> Callable:
+    def translate(t: _Translator, eqn) -> str:
+        axes = t.graph.const(np.asarray(eqn.params["axes"], np.int64), "axes")
+        return t.graph.node(op, [t.name_of(eqn.invars[0]), axes], keepdims=0)
+    return translate
+
+
+def _arg_reduce(op: str) -> Callable:
+    def translate(t: _Translator, eqn) -> str:
+        (axis,) = eqn.params["axes"]
+        index = t.graph.node(op, [t.name_of(eqn.invars[0])], axis=int(axis), keepdims=0, select_last_index=0)
+        return t.graph.node("Cast", [index], to=onnx_dtype(eqn.params["index_dtype"]))
+    return translate
+
+
+def _reshape(t: _Translator, eqn) -> str:
+    if eqn.params.get("dimensions"):
+        raise QrlInputError("the policy uses a transposing reshape, which the ONNX export does not support")
+    shape = t.graph.shape(eqn.outvars[0].aval.shape, t.batch_symbol)
+    return t.graph.node("Reshape", [t.name_of(eqn.invars[0]), shape])
+
+
+def _broadcast_in_dim(t: _Translator, eqn) -> str:
+    operand = eqn.invars[0]
+    target = eqn.outvars[0].aval.shape
+    kept = eqn.params["broadcast_dimensions"]
+    expanded_shape = [1] * len(target)
+    for source_axis, target_axis in enumerate(kept):
+        expanded_shape[target_axis] = operand.aval.shape[source_axis]
+    x = t.name_of(operand)
+    if tuple(expanded_shape) != tuple(operand.aval.shape):
+        x = t.graph.node("Reshape", [x, t.graph.shape(expanded_shape, t.batch_symbol)])
+    return t.graph.node("Expand", [x, t.graph.shape(target, t.batch_symbol)])
+
+
+def _squeeze(t: _Translator, eqn) -> str:
+    axes = t.graph.const(np.asarray(eqn.params["dimensions"], np.int64), "axes")
+    return t.graph.node("Squeeze", [t.name_of(eqn.invars[0]), axes])
+
+
+def _transpose(t: _Translator, eqn) -> str:
+    return t.graph.node("Transpose", [t.name_of(eqn.invars[0])], perm=[int(p) for p in eqn.params["permutation"]])
+
+
+def _concatenate(t: _Translator, eqn) -> str:
+    return t.graph.node("Concat", [t.name_of(atom) for atom in eqn.invars], axis=int(eqn.params["dimension"]))
+
+
+def _slice(t: _Translator, eqn) -> str:
+    starts = np.asarray(eqn.params["start_indices"], np.int64)
+    ends = np.asarray(eqn.params["limit_indices"], np.int64)
+    strides = eqn.params.get("strides") or (1,) * len(starts)
+    axes = np.arange(len(starts), dtype=np.int64)
+    return t.graph.node("Slice", [t.name_of(eqn.invars[0]), t.graph.const(starts), t.graph.const(ends),
+                                  t.graph.const(axes), t.graph.const(np.asarray(strides, np.int64))])
+
+
+def _split(t: _Translator, eqn) -> list:
+    sizes = t.graph.const(np.asarray(eqn.params["sizes"], np.int64), "split")
+    outputs = [t.graph.name("split") for _ in eqn.outvars]
+    t.graph.nodes.append(helper.make_node("Split", [t.name_of(eqn.invars[0]), sizes], outputs,
+                                          axis=int(eqn.params["axis"])))
+    return outputs
+
+
+def _gather(t: _Translator, eqn) -> str:
+    """A gather that is a static slice (what `x[..., a:b]` traces to with a symbolic batch):
+    constant start indices `[k]`, no collapsed or batching dimensions; as ONNX Slice."""
+    numbers = eqn.params["dimension_numbers"]
+    operand, indices = eqn.invars
+    constant, starts = t.read(indices)
+    rank = operand.aval.ndim
+    static_slice = (constant and np.ndim(starts) == 1 and tuple(numbers.offset_dims) == tuple(range(rank))
+                    and not numbers.collapsed_slice_dims and not numbers.operand_batching_dims)
+    if not static_slice:
+        raise QrlInputError("the policy uses a gather other than a static slice, which the ONNX export does not support")
+    axes = np.asarray(numbers.start_index_map, np.int64)
+    begin = np.asarray(starts, np.int64)
+    end = begin + np.asarray([eqn.params["slice_sizes"][axis] for axis in axes], np.int64)
+    return t.graph.node("Slice", [t.name_of(operand), t.graph.const(begin), t.graph.const(end), t.graph.const(axes)])
+
+
+def _operand(t: _Translator, atom, dtype) -> str:
+    """An operand cast to `dtype` (constants cast at export time)."""
+    constant, value = t.read(atom)
+    if constant:
+        return t.graph.const(np.asarray(value).astype(dtype))
+    if np.dtype(atom.aval.dtype) == np.dtype(dtype):
+        return value
+    return t.graph.node("Cast", [value], to=onnx_dtype(dtype))
+
+
+def _dot_general(t: _Translator, eqn) -> str:
+    """`x [..., K] · w [K, N]` as MatMul (float operands, computed in the accumulation type, as
+    XLA does for bf16/fp16 operands with a float32 result) or MatMulInteger (int8 operands,
+    int32 accumulation)."""
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.invars
+    result_dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    plain = (not lhs_batch and not rhs_batch and tuple(lhs_contract) == (lhs.aval.ndim - 1,)
+             and tuple(rhs_contract) == (0,) and rhs.aval.ndim == 2)
+    if not plain:
+        raise QrlInputError(f"the policy uses a dot_general with dimension numbers {eqn.params['dimension_numbers']}, "
+                            "which the ONNX export does not support")
+    operand_dtypes = {np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype)}
+    if operand_dtypes <= set(_INTEGER_KERNEL_DTYPES):
+        if result_dtype != np.int32:
+            raise QrlInputError(f"the policy multiplies int8 operands into {result_dtype}; the ONNX export needs int32")
+        return t.graph.node("MatMulInteger", [t.name_of(lhs), t.name_of(rhs)])
+    if not np.issubdtype(result_dtype, np.floating):
+        raise QrlInputError(f"the policy uses an integer matrix product of {sorted(map(str, operand_dtypes))}, "
+                            "which the ONNX export does not support")
+    return t.graph.node("MatMul", [_operand(t, lhs, result_dtype), _operand(t, rhs, result_dtype)])
+
+
+def _conv(t: _Translator, eqn) -> str:
+    """`conv_general_dilated` as ONNX Conv / ConvInteger: operands transposed to NCHW / OIHW
+    (the kernel at export time), the result back to the jaxpr's layout."""
+    params = eqn.params
+    if params["batch_group_count"] != 1 or any(d != 1 for d in params["lhs_dilation"]):
+        raise QrlInputError("the policy uses a transposed or batch-grouped convolution, which the ONNX export does not support")
+    numbers = params["dimension_numbers"]
+    lhs_spec, rhs_spec, out_spec = numbers.lhs_spec, numbers.rhs_spec, numbers.out_spec
+    lhs, rhs = eqn.invars
+    result_dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    integer = {np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype)} <= set(_INTEGER_KERNEL_DTYPES)
+    compute = None if integer else result_dtype
+    x = t.graph.node("Transpose", [_operand(t, lhs, compute or lhs.aval.dtype)], perm=list(lhs_spec))
+    constant, kernel = t.read(rhs)
+    if constant:
+        kernel = t.graph.const(np.transpose(np.asarray(kernel).astype(compute or rhs.aval.dtype), rhs_spec), "kernel")
+    else:
+        kernel = t.graph.node("Transpose", [_operand(t, rhs, compute or rhs.aval.dtype)], perm=list(rhs_spec))
+    pads = [int(low) for low, _ in params["padding"]] + [int(high) for _, high in params["padding"]]
+    attributes = dict(strides=[int(s) for s in params["window_strides"]], pads=pads,
+                      dilations=[int(d) for d in params["rhs_dilation"]], group=int(params["feature_group_count"]))
+    if integer:
+        if result_dtype != np.int32:
+            raise QrlInputError(f"the policy convolves int8 operands into {result_dtype}; the ONNX export needs int32")
+        y = t.graph.node("ConvInteger", [x, kernel], **attributes)
+    else:
+        y = t.graph.node("Conv", [x, kernel], **attributes)
+    return t.graph.node("Transpose", [y], perm=[int(axis) for axis in np.argsort(out_spec)])
+
+
+_TRANSLATIONS: dict[str, Callable] = {
+    "add": _elementwise("Add"), "sub": _elementwise("Sub"), "mul": _elementwise("Mul"), "div": _elementwise("Div"),
+    "max": _elementwise("Max"), "min": _elementwise("Min"), "neg": _elementwise("Neg"), "abs": _elementwise("Abs"),
+    "exp": _elementwise("Exp"), "log": _elementwise("Log"), "tanh": _elementwise("Tanh"),
+    "logistic": _elementwise("Sigmoid"), "sqrt": _elementwise("Sqrt"), "floor": _elementwise("Floor"),
+    "ceil": _elementwise("Ceil"), "sign": _elementwise("Sign"), "erf": _elementwise("Erf"), "pow": _elementwise("Pow"),
+    "gt": _elementwise("Greater"), "lt": _elementwise("Less"), "ge": _elementwise("GreaterOrEqual"),
+    "le": _elementwise("LessOrEqual"), "eq": _elementwise("Equal"), "ne": _ne,
+    "and": _elementwise("And"), "or": _elementwise("Or"), "not": _elementwise("Not"),
+    "rsqrt": _rsqrt, "square": _square, "integer_pow": _integer_pow, "round": _round, "clamp": _clamp,
+    "select_n": _select_n, "convert_element_type": _convert, "copy": _identity, "copy_p": _identity,
+    "stop_gradient": _identity, "optimization_barrier": _identity,
+    "reduce_max": _reduce("ReduceMax"), "reduce_min": _reduce("ReduceMin"), "reduce_sum": _reduce("ReduceSum"),
+    "argmax": _arg_reduce("ArgMax"), "argmin": _arg_reduce("ArgMin"),
+    "reshape": _reshape, "broadcast_in_dim": _broadcast_in_dim, "squeeze": _squeeze, "transpose": _transpose,
+    "concatenate": _concatenate, "slice": _slice, "split": _split, "gather": _gather,
+    "dot_general": _dot_general, "conv_general_dilated": _conv,
+}
+
+
+def to_onnx(
+    fn: Callable[[jax.Array], Any],
+    observation_shape: Sequence[int],
+    output_names: Sequence[str],
+    observation_dtype: Any = np.float32,
+    input_name: str = "observation",
+    doc: str = "",
+) -> onnx.ModelProto:
+    """The ONNX model of `fn(observations [B, *observation_shape]) -> output or tuple of outputs`
+    (named `output_names`), the batch B symbolic. Closed-over arrays become initializers, after
+    folding every operation on constants alone. The model is checked by `onnx.checker`."""
+    (batch_symbol,) = jax.export.symbolic_shape(BATCH)
+    spec = jax.ShapeDtypeStruct((batch_symbol, *observation_shape), observation_dtype)
+    closed = jax.make_jaxpr(fn)(spec)
+    graph = _Graph(input_name)
+    translator = _Translator(graph, batch_symbol)
+    outputs = translator.run(closed.jaxpr, closed.consts, [(False, input_name)])
+    if len(outputs) != len(output_names):
+        raise ValueError(f"the function returns {len(outputs)} outputs; {len(output_names)} names given")
+    graph_outputs = []
+    for name, (constant, value), var in zip(output_names, outputs, closed.jaxpr.outvars):
+        source = graph.const(value) if constant else value
+        graph.nodes.append(helper.make_node("Identity", [source], [name]))
+        shape = [BATCH if not isinstance(dim, (int, np.integer)) else int(dim) for dim in var.aval.shape]
+        graph_outputs.append(helper.make_tensor_value_info(name, onnx_dtype(var.aval.dtype), shape))
+    graph_input = helper.make_tensor_value_info(input_name, onnx_dtype(observation_dtype),
+                                                [BATCH, *map(int, observation_shape)])
+    onnx_graph = helper.make_graph(graph.nodes, "qrl_policy", [graph_input], graph_outputs, graph.initializers)
+    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="qrl", doc_string=doc)
+    model.ir_version = 10
+    onnx.checker.check_model(model, full_check=True)
+    return model

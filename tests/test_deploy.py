@@ -1,0 +1,205 @@
+"""Exported policies (qrl.deploy, launch.export): ONNX graphs that reproduce qrl's JAX policies.
+
+Agreement contract, per precision: discrete actions equal the JAX policy's wherever the JAX
+outputs' top-two gap exceeds `TIE_GAP` (closer gaps are ties that float rounding may break
+either way); continuous actions within `FLOAT_TOLERANCE` (float schemes) or
+`INTEGER_TOLERANCE` (integer schemes: a last-bit difference in a float product can move one
+activation to the neighbouring grid step) of the action range.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import pytest
+
+from agents import get_agent
+from qrl import envs, evaluation
+from qrl.deploy import export as deploy_export
+from qrl.deploy.onnx_graph import to_onnx
+from qrl.deploy.policy import load_policy
+from qrl.errors import QrlInputError
+from qrl.quant import parse_precision
+from qrl.quant.ptq import calibrate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIE_GAP = 1e-4
+FLOAT_TOLERANCE = 1e-4
+INTEGER_TOLERANCE = 1e-2
+ALL_SCHEMES = ("fp32", "fp16", "bf16", "quarl8", "quarl_fp16", "quarl_dyn8", "int8", "int8-dyn", "int4-e8", "int6")
+FEW_SCHEMES = ("fp32", "fp16", "quarl8", "int8", "int8-dyn")
+FAMILIES = [
+    ("dqn", "gym:CartPole-v1", {}, ALL_SCHEMES),
+    ("dqn", "gym:CartPole-v1", {"preset": "quarl"}, ALL_SCHEMES),  # layer norm and dueling head.
+    ("ppo", "gym:CartPole-v1", {}, FEW_SCHEMES),
+    ("ppo", "gym:Pendulum-v1", {}, ALL_SCHEMES),
+    ("a2c", "gym:Acrobot-v1", {}, FEW_SCHEMES),
+    ("ddpg", "gym:Pendulum-v1", {}, FEW_SCHEMES),
+    ("td3", "gym:Pendulum-v1", {}, FEW_SCHEMES),
+    ("sac", "gym:Pendulum-v1", {}, FEW_SCHEMES),
+    ("d4pg", "gym:Pendulum-v1", {}, FEW_SCHEMES),
+    ("ppo", "gymnax:Breakout-MinAtar", {}, ("fp32", "fp16", "quarl8", "int8", "int8-dyn", "int4-e8")),  # CNN.
+]
+
+
+def _family(agent_name, env_id, overrides, seed=1):
+    agent = get_agent(agent_name)
+    env = envs.make(env_id, 0)
+    observation_spec, action_spec = env.observation_spec(), env.action_spec()
+    config = agent.config_for(env_id, overrides)
+    state = agent.init_state(config, observation_spec, action_spec, seed=seed)
+    spec = agent.policy_spec(config, observation_spec, action_spec)
+    return spec, agent.policy_params(state), observation_spec, action_spec
+
+
+def _probe_observations(env_id, shape, count=128):
+    rng = np.random.default_rng(0)
+    if "MinAtar" in env_id:
+        return (rng.random((count, *shape)) < 0.2).astype(np.float32)
+    return (2.0 * rng.normal(size=(count, *shape))).astype(np.float32)
+
+
+def _assert_agreement(jax_actions, jax_outputs, onnx_actions, onnx_outputs, action_spec, integer_scheme):
+    if np.issubdtype(jax_actions.dtype, np.integer):
+        ordered = np.sort(jax_outputs, axis=-1)
+        decided = (ordered[:, -1] - ordered[:, -2]) > TIE_GAP * np.maximum(1.0, np.abs(ordered[:, -1]))
+        assert decided.mean() > 0.9, "the probe set is almost all ties: the check would say nothing"
+        np.testing.assert_array_equal(onnx_actions[decided], jax_actions[decided])
+        return
+    span = float(np.max(action_spec.maximum - action_spec.minimum))
+    tolerance = (INTEGER_TOLERANCE if integer_scheme else FLOAT_TOLERANCE) * span
+    assert np.max(np.abs(onnx_actions - jax_actions)) <= tolerance
+
+
+@pytest.mark.parametrize("agent_name,env_id,overrides,schemes", FAMILIES,
+                         ids=[f"{a}-{e.split(':')[1]}{'-' + o['preset'] if o else ''}" for a, e, o, _ in FAMILIES])
+def test_exported_policy_acts_as_the_jax_policy_at_every_scheme(agent_name, env_id, overrides, schemes, tmp_path):
+    spec, params, observation_spec, action_spec = _family(agent_name, env_id, overrides)
+    observations = _probe_observations(env_id, tuple(observation_spec.shape))
+    ranges = calibrate(spec.build_network(parse_precision("fp32")).apply, params, observations)
+    path = str(tmp_path / "policy.onnx")
+    for name in schemes:
+        precision = parse_precision(name)
+        fn = deploy_export.policy_function(spec, params, precision, ranges)
+        sidecar = deploy_export.export_policy(
+            fn, observation_spec.shape, path,
+            {"agent": agent_name, "env": env_id, "precision": name, "action": deploy_export.action_description(action_spec)},
+            probe_observations=observations,
+        )
+        policy = load_policy(path)
+        onnx_actions, onnx_outputs = policy.outputs(observations)
+        jax_actions, jax_outputs = (np.asarray(x) for x in jax.jit(fn)(jnp.asarray(observations)))
+        assert onnx_actions.shape == jax_actions.shape and onnx_actions.dtype == jax_actions.dtype, name
+        _assert_agreement(jax_actions, jax_outputs, onnx_actions, onnx_outputs, action_spec, not precision.is_float)
+        ops = {node.op_type for node in onnx.load(path).graph.node}
+        if precision.integer_kernel and precision.quantizes_activations and precision.bits == 8:
+            assert ops & {"MatMulInteger", "ConvInteger"}, f"{name}: int8 layers must run ONNX integer operators"
+        assert sidecar["precision"] == precision.name and sidecar["agreement"]["probe_states"] == len(observations)
+        np.testing.assert_array_equal(policy.act(observations[0]), policy(observations[:1])[0])  # dynamic scales are per batch.
+
+
+def test_int8_graph_is_integer_arithmetic_with_hand_computed_values():
+    """x · W on the int8 grid: q = round(x / 0.5) clipped to [-127, 127], (q · W_int) * 0.5 * 0.25."""
+    kernel = np.array([[1, -2], [3, 4]], np.int8)
+
+    def fn(x):
+        q = jnp.clip(jnp.round(x / 0.5), -127, 127).astype(jnp.int8)
+        accumulated = jax.lax.dot_general(q, jnp.asarray(kernel), (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+        return accumulated.astype(jnp.float32) * (0.5 * 0.25)
+
+    model = to_onnx(fn, (2,), ["y"])
+    assert [n.op_type for n in model.graph.node].count("MatMulInteger") == 1
+    from qrl.deploy.policy import session_from_bytes
+
+    session = session_from_bytes(model.SerializeToString())
+    x = np.array([[1.25, -0.75], [100.0, 0.24]], np.float32)  # round half to even: 2.5 -> 2, -1.5 -> -2, 0.48 -> 0.
+    (y,) = session.run(None, {"observation": x})
+    expected = np.array([[2 * 1 + -2 * 3, 2 * -2 + -2 * 4], [127 * 1, 127 * -2]], np.float32) * 0.125
+    np.testing.assert_array_equal(y, expected)
+    (y_batch_one,) = session.run(None, {"observation": x[:1]})  # the batch axis is symbolic.
+    np.testing.assert_array_equal(y_batch_one, expected[:1])
+
+
+def test_an_unsupported_operation_is_named():
+    with pytest.raises(QrlInputError, match="'cumsum'"):
+        to_onnx(lambda x: jnp.cumsum(x, axis=-1), (3,), ["y"])
+
+
+def test_exported_policy_returns_equal_the_jax_policy_returns_on_fixed_seeds(tmp_path):
+    for agent_name, env_id, scheme in (("dqn", "gym:CartPole-v1", "int8"), ("ddpg", "gym:Pendulum-v1", "int8")):
+        spec, params, observation_spec, action_spec = _family(agent_name, env_id, {}, seed=4)
+        observations = evaluation.collect_observations(
+            lambda o: np.asarray(spec.outputs_to_actions(spec.build_network(parse_precision("fp32")).apply({"params": params}, o))),
+            env_id, 256, seed=7)
+        ranges = calibrate(spec.build_network(parse_precision("fp32")).apply, params, observations)
+        fn = deploy_export.policy_function(spec, params, parse_precision(scheme), ranges)
+        path = str(tmp_path / f"{agent_name}.onnx")
+        deploy_export.export_policy(fn, observation_spec.shape, path, {
+            "agent": agent_name, "env": env_id, "precision": scheme, "action": deploy_export.action_description(action_spec)})
+        jax_result = evaluation.evaluate(deploy_export.jax_policy(fn), env_id, 3, seed=11)
+        onnx_result = evaluation.evaluate(load_policy(path), env_id, 3, seed=11)
+        np.testing.assert_allclose(onnx_result.returns, jax_result.returns, rtol=1e-4)
+
+
+def _exported(tmp_path):
+    spec, params, observation_spec, action_spec = _family("dqn", "gym:CartPole-v1", {})
+    fn = deploy_export.policy_function(spec, params, parse_precision("fp32"))
+    path = str(tmp_path / "policy.onnx")
+    deploy_export.export_policy(fn, observation_spec.shape, path, {
+        "agent": "dqn", "env": "gym:CartPole-v1", "precision": "fp32", "action": deploy_export.action_description(action_spec)})
+    return path
+
+
+def test_loading_refuses_corrupted_foreign_or_sidecarless_models(tmp_path):
+    path = _exported(tmp_path)
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    corrupted = tmp_path / "corrupted.onnx"
+    corrupted.write_bytes(bytes(data))
+    (tmp_path / "corrupted.onnx.json").write_text(open(path + ".json").read())
+    with pytest.raises(QrlInputError, match="SHA-256"):
+        load_policy(str(corrupted))
+    foreign = tmp_path / "foreign.onnx"
+    foreign.write_bytes(b"not an onnx model")
+    sidecar = json.load(open(path + ".json"))
+    sidecar["model_sha256"] = hashlib.sha256(b"not an onnx model").hexdigest()
+    (tmp_path / "foreign.onnx.json").write_text(json.dumps(sidecar))
+    with pytest.raises(QrlInputError, match="not a model ONNX Runtime can run"):
+        load_policy(str(foreign))
+    (tmp_path / "other.onnx").write_bytes(open(path, "rb").read())
+    with pytest.raises(QrlInputError, match="has no sidecar"):
+        load_policy(str(tmp_path / "other.onnx"))
+    (tmp_path / "other.onnx.json").write_text(json.dumps({**sidecar, "format": "something-else"}))
+    with pytest.raises(QrlInputError, match="not a qrl policy sidecar"):
+        load_policy(str(tmp_path / "other.onnx"))
+    (tmp_path / "other.onnx.json").write_text("{broken")
+    with pytest.raises(QrlInputError, match="not a readable qrl policy sidecar"):
+        load_policy(str(tmp_path / "other.onnx"))
+    with pytest.raises(QrlInputError, match=r"observations of shape \(3,\)"):
+        load_policy(path)(np.zeros((2, 3), np.float32))
+
+
+def test_export_cli_writes_a_model_that_acts_as_the_ptq_policy(tmp_path):
+    workdir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    subprocess.run([sys.executable, "-m", "launch.train", "--agent=dqn", "--env=gym:CartPole-v1", "--steps=1500",
+                    f"--workdir={workdir}", "--eval_episodes=1", "--progress=false"],
+                   check=True, cwd=REPO, env=env, capture_output=True)
+    out = tmp_path / "policy.onnx"
+    completed = subprocess.run([sys.executable, "-m", "launch.export", f"--workdir={workdir}", "--precision=int8",
+                                f"--out={out}", "--calibration_steps=256", "--probe_steps=256"],
+                               cwd=REPO, env=env, capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert "action agreement" in completed.stdout
+    sidecar = json.load(open(f"{out}.json"))
+    assert sidecar["agent"] == "dqn" and sidecar["precision"] == "int8" and sidecar["source"]["checkpoint_step"] == 1500
+    assert sidecar["agreement"]["action_agreement"] >= 0.99
+    assert sorted(os.listdir(tmp_path)) == ["policy.onnx", "policy.onnx.json", "run"]  # no temporary files left.
+    policy = load_policy(str(out))
+    assert policy.precision == "int8" and policy.act(np.zeros(4, np.float32)) in (0, 1)
