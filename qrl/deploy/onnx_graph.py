@@ -332,6 +332,21 @@ def _operand(t: _Translator, atom, dtype) -> str:
     return t.graph.node("Cast", [value], to=onnx_dtype(dtype))
 
 
+def _unsigned_activations(t: _Translator, atom) -> tuple[str, str]:
+    """An int8 activation tensor as (uint8 `q + 128`, its zero point 128): ONNX Runtime's fast
+    integer GEMMs take unsigned activations with signed weights; `(q + 128 - 128) · w` is exact."""
+    if np.dtype(atom.aval.dtype) == np.uint8:
+        return t.name_of(atom), t.graph.const(np.asarray(0, np.uint8), "zero_point")
+    wide = t.graph.node("Cast", [t.name_of(atom)], to=TensorProto.INT16)
+    shifted = t.graph.node("Add", [wide, t.graph.const(np.asarray(128, np.int16))])
+    return t.graph.node("Cast", [shifted], to=TensorProto.UINT8), t.graph.const(np.asarray(128, np.uint8), "zero_point")
+
+
+def _matmul_integer(t: _Translator, lhs, rhs) -> str:
+    unsigned, zero_point = _unsigned_activations(t, lhs)
+    return t.graph.node("MatMulInteger", [unsigned, t.name_of(rhs), zero_point])
+
+
 def _dot_general(t: _Translator, eqn) -> str:
     """`x [..., K] · w [K, N]` as MatMul (float operands, computed in the accumulation type, as
     XLA does for bf16/fp16 operands with a float32 result) or MatMulInteger (int8 operands,
@@ -348,7 +363,7 @@ def _dot_general(t: _Translator, eqn) -> str:
     if operand_dtypes <= set(_INTEGER_KERNEL_DTYPES):
         if result_dtype != np.int32:
             raise QrlInputError(f"the policy multiplies int8 operands into {result_dtype}; the ONNX export needs int32")
-        return t.graph.node("MatMulInteger", [t.name_of(lhs), t.name_of(rhs)])
+        return _matmul_integer(t, lhs, rhs)
     if not np.issubdtype(result_dtype, np.floating):
         raise QrlInputError(f"the policy uses an integer matrix product of {sorted(map(str, operand_dtypes))}, "
                             "which the ONNX export does not support")

@@ -148,8 +148,10 @@ def zero_point_correction(kernel: jax.Array, zero_point: jax.Array) -> jax.Array
     (VALID convolutions only: every window covers the whole kernel)."""
     accumulate = jnp.int32 if kernel.dtype == jnp.int8 else jnp.float32  # wider kernels would overflow int32.
     column_sums = jnp.sum(kernel.astype(accumulate), axis=tuple(range(kernel.ndim - 2)))  # [in, out]
-    weighted = jnp.reshape(jnp.asarray(zero_point).astype(accumulate), (-1, 1)) * column_sums
-    return jnp.sum(weighted, axis=0)
+    zero_point = jnp.asarray(zero_point).astype(accumulate)
+    if zero_point.ndim == 0:  # one zero point: z * (sum over in), a constant once exported, not an [in, out] pass per call.
+        return zero_point * jnp.sum(column_sums, axis=0)
+    return jnp.sum(jnp.reshape(zero_point, (-1, 1)) * column_sums, axis=0)
 
 
 def integer_contract(x_q: jax.Array, kernel: jax.Array, contract) -> jax.Array:
