@@ -420,6 +420,106 @@ _TRANSLATIONS: dict[str, Callable] = {
 }
 
 
+def _constant_value(graph: _Graph, name: str) -> Optional[np.ndarray]:
+    for tensor in graph.initializers:
+        if tensor.name == name:
+            return numpy_helper.to_array(tensor)
+    return None
+
+
+def _other_operand(graph: _Graph, node, value: float) -> Optional[str]:
+    """For a binary node with one scalar constant operand equal to `value`: the other operand."""
+    for index in (0, 1):
+        constant = _constant_value(graph, node.input[index])
+        if constant is not None and constant.size == 1 and float(constant) == value:
+            return node.input[1 - index]
+    return None
+
+
+def _fuse_quantize_linear(graph: _Graph) -> None:
+    """Rewrites each 8-bit activation quantization feeding an integer GEMM into one
+    `QuantizeLinear` (what ONNX Runtime runs fast and fuses with `MatMulInteger`).
+
+    The translated chain `Cast<uint8>(Cast<int16>(Cast<int8>(Min(Max(Round(x / s) + z, -128),
+    127))) + 128)` is `q + 128` for qrl's grid integer `q`; `QuantizeLinear(x, s, z + 128)`
+    computes `saturate(round_half_even(x / s) + z + 128)` into [0, 255]: the same values. Scales
+    and zero points may be constants or computed (dynamic), `[]` or per feature (last axis).
+    Chains of any other shape (narrower grids, a symmetric [-127, 127] clip) are left as they are."""
+    producers = {output: node for node in graph.nodes for output in node.output}
+
+    def producer(name, op):
+        node = producers.get(name)
+        return node if node is not None and node.op_type == op else None
+
+    replacements = {}
+    for node in graph.nodes:
+        if node.op_type != "MatMulInteger":
+            continue
+        to_uint8 = producer(node.input[0], "Cast")
+        shifted = to_uint8 and producer(to_uint8.input[0], "Add")
+        widened = shifted and producer(_other_operand(graph, shifted, 128) or "", "Cast")
+        to_int8 = widened and producer(widened.input[0], "Cast")
+        upper = to_int8 and producer(to_int8.input[0], "Min")
+        lower = upper and producer(_other_operand(graph, upper, 127) or "", "Max")
+        shifted_zero = lower and producer(_other_operand(graph, lower, -128) or "", "Add")
+        rounded = shifted_zero and (producer(shifted_zero.input[0], "Round") or producer(shifted_zero.input[1], "Round"))
+        divided = rounded and producer(rounded.input[0], "Div")
+        if not divided:
+            continue
+        zero_point = shifted_zero.input[1] if shifted_zero.input[0] == rounded.output[0] else shifted_zero.input[0]
+        x, scale = divided.input
+        scale_value, zero_value = _constant_value(graph, scale), _constant_value(graph, zero_point)
+        if scale_value is not None and zero_value is not None:  # static: per tensor, or per feature (1-D).
+            scale_value = scale_value.reshape(scale_value.shape[-1:]) if scale_value.size > 1 else scale_value.reshape(())
+            zero_value = zero_value.reshape(zero_value.shape[-1:]) if zero_value.size > 1 else zero_value.reshape(())
+            if np.broadcast_shapes(zero_value.shape, scale_value.shape) != scale_value.shape:
+                continue
+            scale = graph.const(scale_value, "scale")  # [1, in] broadcasts in the Div; QuantizeLinear takes [in].
+            unsigned_zero = graph.const(np.broadcast_to(zero_value + 128.0, scale_value.shape).astype(np.uint8), "zero_point")
+            per_feature = {"axis": -1} if scale_value.ndim == 1 else {}
+        elif scale_value is None and zero_value is None:  # dynamic: one scale and zero point per call.
+            unsigned_zero = graph.node("Cast", [graph.node("Add", [zero_point, graph.const(np.asarray(128.0, np.float32))])],
+                                       "zero_point", to=TensorProto.UINT8)
+            per_feature = {}
+        else:
+            continue
+        replacements[node.input[0]] = graph.node("QuantizeLinear", [x, scale, unsigned_zero], "quantized", **per_feature)
+    for node in graph.nodes:
+        if node.op_type == "MatMulInteger" and node.input[0] in replacements:
+            node.input[0] = replacements[node.input[0]]
+    graph.nodes[:] = _topological(graph.nodes)  # the new nodes were appended after their consumers.
+
+
+def _topological(nodes: list) -> list:
+    """`nodes` in an order where every node follows the producers of its inputs."""
+    produced_by = {output: node for node in nodes for output in node.output}
+    ordered, placed = [], set()
+
+    def place(node):
+        if id(node) in placed:
+            return
+        placed.add(id(node))
+        for name in node.input:
+            if name in produced_by:
+                place(produced_by[name])
+        ordered.append(node)
+
+    for node in nodes:
+        place(node)
+    return ordered
+
+
+def _remove_dead_nodes(graph: _Graph, output_names: Sequence[str]) -> None:
+    """Drops nodes and initializers no graph output depends on."""
+    needed, kept = set(output_names), []
+    for node in reversed(graph.nodes):
+        if any(output in needed for output in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    graph.nodes[:] = kept[::-1]
+    graph.initializers[:] = [tensor for tensor in graph.initializers if tensor.name in needed]
+
+
 def to_onnx(
     fn: Callable[[jax.Array], Any],
     observation_shape: Sequence[int],
@@ -447,6 +547,8 @@ def to_onnx(
         graph_outputs.append(helper.make_tensor_value_info(name, onnx_dtype(var.aval.dtype), shape))
     graph_input = helper.make_tensor_value_info(input_name, onnx_dtype(observation_dtype),
                                                 [BATCH, *map(int, observation_shape)])
+    _fuse_quantize_linear(graph)
+    _remove_dead_nodes(graph, output_names)
     onnx_graph = helper.make_graph(graph.nodes, "qrl_policy", [graph_input], graph_outputs, graph.initializers)
     model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name="qrl", doc_string=doc)
