@@ -1,7 +1,7 @@
 """Inference latency of the MLP and Nature-CNN policies at fp32, bf16 and real int8 (static and
 dynamic activation scales), with ONNX Runtime and numpy as out-of-process peers for the MLP.
 
-    .venv/bin/python -m bench.inference [--quick] [--json=PATH] [--cnn_4096] [--no_onnx]
+    .venv/bin/python -m bench.inference [--quick] [--json=PATH] [--cnn_4096] [--no_onnx] [--no_export]
 
 Every JAX candidate is jitted and takes its parameters as arguments (as an actor that pulls
 weights does); inputs live on the device. Candidates are timed round-robin in one process and
@@ -12,6 +12,13 @@ inflates them, DESIGN.md §6) on the same weights, passed through a temporary .n
 
 Models: MLP 17 -> 256 -> 256 -> 6 (ReLU, no final activation) on float observations, and the
 Nature CNN torso ([B, 84, 84, 4] uint8 frames -> 512) with a 6-action `qrl.networks.Dense` head.
+
+Exported policies (`--no_export` skips them): the MLPs of the study (256-256), ActorQ's D4PG
+(300-200) and QuaRL's 2048-2048-2048, and the Nature CNN, exported by `qrl.deploy` at fp32,
+int8 (static scales), int8-dyn and quarl_dyn8 in this process, then timed by ONNX Runtime in
+the peer process (`bench/onnx_peer.py --models`) at batch 1, 8, 32 with each model's schemes
+interleaved, plus p50/p99 of single batch-1 calls. Targets: int8 <= 0.5x the exported fp32 at
+batch 1 for the 2048-wide policy, <= 1x for the small ones.
 
 Two times per candidate: wall time (the latency; the targets use it) and the CPU time of the
 process per call, which leaves out waiting for a core and so stays steadier on a loaded machine
@@ -48,8 +55,17 @@ SINGLE_THREAD_EIGEN_FLAG = "--xla_cpu_multi_thread_eigen=false"
 # (model, batch, bound on int8 latency / fp32 latency).
 INT8_TARGETS = (("mlp", 4096, 0.65), ("cnn", 32, 0.5))
 JAX_OVER_ORT_BATCH1_TARGET = 2.0
-FULL_DEFAULTS = {"rounds": 20, "round_seconds": 0.01, "mlp_batches": "1,32,256,4096", "cnn_batches": "1,32,256"}
-QUICK_DEFAULTS = {"rounds": 3, "round_seconds": 0.005, "mlp_batches": "1,32", "cnn_batches": "1"}
+# Exported policies (qrl.deploy), timed by ONNX Runtime in the peer process: name -> MLP layer
+# sizes on 17 float features, or "cnn" (the Nature CNN above).
+EXPORT_MODELS = {"mlp 256-256": (256, 256, 6), "d4pg 300-200": (300, 200, 6), "mlp 2048-2048-2048": (2048, 2048, 2048, 6),
+                 "nature-cnn": "cnn"}
+QUICK_EXPORT_MODELS = ("mlp 256-256",)
+EXPORT_SCHEMES = ("fp32", "int8", "int8-dyn", "quarl_dyn8")
+# (model, scheme, batch, bound on exported latency / exported fp32 latency).
+EXPORT_TARGETS = (("mlp 2048-2048-2048", "int8", 1, 0.5), ("mlp 256-256", "int8", 1, 1.0), ("d4pg 300-200", "int8", 1, 1.0))
+FULL_DEFAULTS = {"rounds": 20, "round_seconds": 0.01, "mlp_batches": "1,32,256,4096", "cnn_batches": "1,32,256",
+                 "export_batches": "1,8,32"}
+QUICK_DEFAULTS = {"rounds": 3, "round_seconds": 0.005, "mlp_batches": "1,32", "cnn_batches": "1", "export_batches": "1"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -64,6 +80,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--cnn_batches", default=None, help="comma-separated (1,32,256)")
     parser.add_argument("--cnn_4096", action="store_true", help="also time the CNN at batch 4096 (slow)")
     parser.add_argument("--no_onnx", action="store_true", help="skip the ONNX Runtime / numpy peer process")
+    parser.add_argument("--no_export", action="store_true", help="skip the exported policies (qrl.deploy) under ORT")
+    parser.add_argument("--export_batches", default=None, help="batch sizes of the exported policies (1,8,32)")
     parser.add_argument(
         "--peer_python",
         default=sys.executable,
@@ -96,6 +114,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.mlp_batches = _batch_list(args.mlp_batches)
+    args.export_batches = _batch_list(args.export_batches)
     args.cnn_batches = _batch_list(args.cnn_batches) + ([4096] if args.cnn_4096 else [])
     return args
 
@@ -222,6 +241,65 @@ def run_onnx_peer(fp32_params, calibration: np.ndarray, batches: list[int], args
     return result
 
 
+def export_policies(directory: str, model_names, rng: np.random.Generator) -> dict:
+    """Exports each model of `EXPORT_MODELS` at every `EXPORT_SCHEMES` scheme with qrl.deploy
+    (static scales calibrated on random inputs) to `directory`; returns parameter bytes per
+    model and scheme."""
+    import jax
+
+    from qrl.deploy.onnx_graph import to_onnx
+    from qrl.networks import MLP
+    from qrl.quant import calibrate, param_bytes, parse_precision, quantize_params
+
+    sizes = {}
+    for model_name in model_names:
+        layers = EXPORT_MODELS[model_name]
+        if layers == "cnn":
+            build = lambda precision: build_models(precision.name)[1]["cnn"]  # noqa: E731
+            inputs = rng.integers(0, 256, (CNN_CALIBRATION_SIZE, *CNN_FRAME_SHAPE), dtype=np.uint8)
+        else:
+            build = lambda precision, layers=layers: MLP(layers, precision=precision, activate_final=False)  # noqa: E731
+            inputs = rng.standard_normal((CALIBRATION_SIZE, MLP_INPUT_SIZE)).astype(np.float32)
+        fp32 = build(parse_precision("fp32"))
+        params = jax.jit(fp32.init)(jax.random.PRNGKey(0), inputs[:1])["params"]
+        ranges = calibrate(fp32.apply, params, inputs)
+        sizes[model_name] = {}
+        for scheme in EXPORT_SCHEMES:
+            precision = parse_precision(scheme)
+            network = build(precision)
+            quantized = jax.tree.map(np.asarray, quantize_params(params, precision, ranges))
+            model = to_onnx(lambda x, network=network, quantized=quantized: network.apply({"params": quantized}, x),
+                            inputs.shape[1:], ["y"], observation_dtype=inputs.dtype)
+            with open(os.path.join(directory, f"{model_name}__{scheme}.onnx"), "wb") as handle:
+                handle.write(model.SerializeToString())
+            sizes[model_name][scheme] = {"param_bytes": param_bytes(quantized), "model_bytes": model.ByteSize()}
+    return sizes
+
+
+def run_export_peer(args) -> dict:
+    """Exports the `EXPORT_MODELS` policies and times them in `bench/onnx_peer.py --models`."""
+    rng = np.random.default_rng(2)
+    model_names = QUICK_EXPORT_MODELS if args.quick else tuple(EXPORT_MODELS)
+    with tempfile.TemporaryDirectory() as directory:
+        sizes = export_policies(directory, model_names, rng)
+        command = [args.peer_python, "-m", "bench.onnx_peer", f"--models={directory}",
+                   f"--batches={','.join(map(str, args.export_batches))}", f"--rounds={args.rounds}",
+                   f"--round_seconds={args.round_seconds}", f"--ort_threads={args.ort_threads}"]
+        completed = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
+    if completed.returncode != 0:
+        lines = completed.stderr.strip().splitlines() or ["no output"]
+        return {"error": f"onnx peer exited with status {completed.returncode}: {lines[-1]}"}
+    timed = json.loads(completed.stdout.strip().splitlines()[-1])
+    result = {"sizes": sizes, "latency_us": {}, "ratio_to_fp32": {}, "p99_us": {}}
+    for model_name in model_names:
+        latency = {scheme: {int(b): v for b, v in timed["latency_us"][f"{model_name}__{scheme}"].items()}
+                   for scheme in EXPORT_SCHEMES}
+        result["latency_us"][model_name] = latency
+        result["ratio_to_fp32"][model_name] = ratios_to(latency, "fp32")
+        result["p99_us"][model_name] = {scheme: timed["p99_us"][f"{model_name}__{scheme}"] for scheme in EXPORT_SCHEMES}
+    return result
+
+
 def format_table(title: str, rows: dict, batches: list[int], note: str = "") -> list[str]:
     """`rows`: name -> (latency µs per batch, ratio per batch)."""
     lines = [title, f"{'candidate':<26}" + "".join(f"{f'batch {batch}':>20}" for batch in batches)]
@@ -250,6 +328,15 @@ def evaluate_targets(results: dict) -> list[dict]:
                 "value": ratio,
                 "passed": None if ratio is None else ratio <= bound,
             })
+    exported = results.get("exported", {})
+    for model, scheme, batch, bound in EXPORT_TARGETS:
+        ratio = exported.get("ratio_to_fp32", {}).get(model, {}).get(scheme, {}).get(batch)
+        targets.append({
+            "name": f"exported {model} {scheme}/fp32 under ORT at batch {batch}",
+            "bound": bound,
+            "value": ratio,
+            "passed": None if ratio is None else ratio <= bound,
+        })
     ort = results.get("onnx", {})
     jax_fp32 = results["mlp"]["latency_us"]["fp32"].get(1)
     ort_fp32 = ort.get("latency_us", {}).get("ort-fp32", {}).get(1)
@@ -301,6 +388,16 @@ def report(results: dict, args) -> str:
         rows = _rows(results["cnn"], "jax ", values_key, ratios_key)
         cnn_table = format_table(f"{cnn_title}: median {kind} µs per call (ratio to jax fp32)", rows, args.cnn_batches)
         lines += [""] + cnn_table
+    exported = results.get("exported", {})
+    if "latency_us" in exported:
+        for model_name, latency in exported["latency_us"].items():
+            rows = {f"{scheme} (p99 b1 {exported['p99_us'][model_name][scheme]:.0f} µs)": (latency[scheme], exported["ratio_to_fp32"][model_name][scheme])
+                    for scheme in latency}
+            lines += [""] + format_table(
+                f"exported {model_name} (qrl.deploy ONNX, ORT {args.ort_threads} thread): median wall µs per call (ratio to its fp32)",
+                rows, args.export_batches)
+    elif exported:
+        lines += ["", f"exported policies: {exported.get('error') or exported.get('skipped')}"]
     lines += ["", "targets (wall-time ratios)"]
     for target in results["targets"]:
         if target["value"] is None:
@@ -359,6 +456,7 @@ def main(argv=None) -> None:
         results["onnx"] = {"error": "onnx / onnxruntime not installed (pip install -r requirements-bench.txt)"}
     else:
         results["onnx"] = run_onnx_peer(mlp_params, mlp_observations, args.mlp_batches, args)
+    results["exported"] = {"skipped": "--no_export"} if args.no_export else run_export_peer(args)
     results["targets"] = evaluate_targets(results)
 
     print(report(results, args), flush=True)

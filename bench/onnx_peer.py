@@ -7,6 +7,7 @@ last; `calibration [N, in]` observations for static int8), builds the ONNX graph
 `onnx.helper` API and prints one JSON object on stdout:
 
     python -m bench.onnx_peer --weights=/tmp/mlp.npz --batches=1,32,256,4096
+    python -m bench.onnx_peer --models=/tmp/exports --batches=1,8,32   # qrl.deploy exports
 
 Candidates:
 - `ort-fp32`: the MatMul/Add/Relu graph.
@@ -131,9 +132,58 @@ def numpy_mlp(layers):
     return apply
 
 
+def time_exported_models(directory: str, batches: list[int], rounds: int, round_seconds: float, threads: int,
+                         single_calls: int = 400) -> dict:
+    """Times every `<model>__<scheme>.onnx` in `directory` (qrl.deploy exports, one input) with
+    ONNX Runtime: medians per batch with the schemes of one model interleaved, and p50/p99 of
+    `single_calls` single batch-1 calls taken in turn across the model's schemes."""
+    import time
+
+    import onnxruntime as ort
+
+    sessions = {}
+    for file_name in sorted(os.listdir(directory)):
+        if file_name.endswith(".onnx"):
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            sessions[file_name[: -len(".onnx")]] = ort.InferenceSession(
+                os.path.join(directory, file_name), options, providers=["CPUExecutionProvider"])
+    models = sorted({name.split("__")[0] for name in sessions})
+    rng = np.random.default_rng(0)
+    latency_us, p50_us, p99_us = {}, {}, {}
+    for model in models:
+        names = [name for name in sessions if name.split("__")[0] == model]
+        spec = sessions[names[0]].get_inputs()[0]
+        shape = [dim for dim in spec.shape[1:]]
+        integer_input = "uint8" in spec.type
+        for batch in batches:
+            x = (rng.integers(0, 256, (batch, *shape), dtype=np.uint8) if integer_input
+                 else rng.standard_normal((batch, *shape)).astype(np.float32))
+            calls = {name: (lambda session=sessions[name], x=x, input_name=spec.name: session.run(None, {input_name: x}))
+                     for name in names}
+            for name, seconds in interleaved_medians(calls, rounds, round_seconds).items():
+                latency_us.setdefault(name, {})[batch] = seconds["wall"] * 1e6
+        x = (rng.integers(0, 256, (1, *shape), dtype=np.uint8) if integer_input
+             else rng.standard_normal((1, *shape)).astype(np.float32))
+        single = {name: [] for name in names}
+        for _ in range(single_calls):
+            for name in names:
+                start = time.perf_counter()
+                sessions[name].run(None, {spec.name: x})
+                single[name].append(time.perf_counter() - start)
+        for name, times in single.items():
+            p50_us[name] = float(np.percentile(times, 50) * 1e6)
+            p99_us[name] = float(np.percentile(times, 99) * 1e6)
+    return {"info": {"onnxruntime": ort.__version__, "ort_threads": threads, "cpu_count": os.cpu_count()},
+            "latency_us": latency_us, "p50_us": p50_us, "p99_us": p99_us}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--weights", required=True, help=".npz with kernel_<i>, bias_<i>, calibration")
+    parser.add_argument("--weights", default=None, help=".npz with kernel_<i>, bias_<i>, calibration")
+    parser.add_argument("--models", default=None,
+                        help="instead of --weights: a directory of qrl.deploy exports <model>__<scheme>.onnx to time")
     parser.add_argument("--batches", default="1,32,256,4096", help="comma-separated batch sizes")
     parser.add_argument("--rounds", type=int, default=20, help="round-robin rounds per batch size")
     parser.add_argument("--round_seconds", type=float, default=0.01, help="time per candidate turn")
@@ -150,9 +200,15 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--no_ort", action="store_true", help="numpy only (onnxruntime not needed)")
     args = parser.parse_args(argv)
+    batches = [int(batch) for batch in args.batches.split(",") if batch.strip()]
+    if args.models:
+        json.dump(time_exported_models(args.models, batches, args.rounds, args.round_seconds, args.ort_threads), sys.stdout)
+        sys.stdout.write("\n")
+        return
+    if not args.weights:
+        parser.error("--weights or --models is required")
 
     layers, calibration = load_layers(args.weights)
-    batches = [int(batch) for batch in args.batches.split(",") if batch.strip()]
     numpy_batches = [int(batch) for batch in args.numpy_batches.split(",") if batch.strip()]
     functions = {}
     info = {"cpu_count": os.cpu_count(), "numpy": np.__version__}

@@ -91,3 +91,12 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
         assert "JAX fp32 / ORT fp32 at batch 1 <= 2.0: " in output
         assert "not measured" not in output.split("JAX fp32 / ORT fp32 at batch 1")[1].splitlines()[0]
         assert set(results["onnx"]["latency_us"]["ort-int8-static"]) == {"1", "32"}
+        exported = output.split("exported mlp 256-256 (qrl.deploy ONNX")[1].split("targets")[0]
+        for scheme in ("fp32", "int8", "int8-dyn", "quarl_dyn8"):
+            assert f"\n{scheme} (p99 b1 " in exported
+        assert "exported mlp 256-256 int8/fp32 under ORT at batch 1 <= 1.0: " in output
+        assert "not measured" not in output.split("exported mlp 256-256 int8/fp32 under ORT at batch 1")[1].splitlines()[0]
+        latency = results["exported"]["latency_us"]["mlp 256-256"]
+        assert set(latency) == {"fp32", "int8", "int8-dyn", "quarl_dyn8"} and all(v["1"] > 0 for v in latency.values())
+        sizes = results["exported"]["sizes"]["mlp 256-256"]
+        assert sizes["int8"]["model_bytes"] < 0.35 * sizes["fp32"]["model_bytes"]
