@@ -247,15 +247,17 @@ def export_policies(directory: str, model_names, rng: np.random.Generator) -> di
     model and scheme."""
     import jax
 
+    import flax.linen as nn
+
     from qrl.deploy.onnx_graph import to_onnx
-    from qrl.networks import MLP
+    from qrl.networks import MLP, Dense, NatureCNN
     from qrl.quant import calibrate, param_bytes, parse_precision, quantize_params
 
     sizes = {}
     for model_name in model_names:
         layers = EXPORT_MODELS[model_name]
         if layers == "cnn":
-            build = lambda precision: build_models(precision.name)[1]["cnn"]  # noqa: E731
+            build = lambda precision: nn.Sequential([NatureCNN(precision=precision), Dense(NUM_ACTIONS, precision=precision)])  # noqa: E731
             inputs = rng.integers(0, 256, (CNN_CALIBRATION_SIZE, *CNN_FRAME_SHAPE), dtype=np.uint8)
         else:
             build = lambda precision, layers=layers: MLP(layers, precision=precision, activate_final=False)  # noqa: E731
