@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import sys
+import traceback
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -286,18 +287,25 @@ def _orbax_quietly() -> Iterator[None]:
 
 
 class _DropOrphanedOrbaxTaskErrors(logging.Filter):
-    """Drops asyncio's 'Task exception was never retrieved' for orbax/tensorstore reads.
+    """Drops asyncio's '<Task|Future|_GatheringFuture> exception was never retrieved' for
+    orbax/tensorstore reads.
 
     When one array of a checkpoint fails to open, orbax re-raises the first error and
-    abandons the sibling reads; asyncio reports their errors again when they are collected.
+    abandons the sibling reads (and, depending on timing, the gather over them); asyncio reports
+    their errors again when they are collected. Recognized by the message or its traceback
+    naming orbax, tensorstore or their storage (OCDBT, zarr).
     """
+
+    SOURCES = ("orbax", "tensorstore", "OCDBT", "zarr")
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        orphaned = message.startswith(
-            ("Task exception was never retrieved", "Future exception was never retrieved")
-        )
-        return not (orphaned and ("orbax" in message or "tensorstore" in message))
+        if "exception was never retrieved" not in message.split("\n", 1)[0]:
+            return True
+        text = message
+        if record.exc_info and record.exc_info[1] is not None:
+            text += "".join(traceback.format_exception(*record.exc_info))
+        return not any(source in text for source in self.SOURCES)
 
 
 def _is_closed_loop_callback_error(unraisable: Any) -> bool:
@@ -305,8 +313,8 @@ def _is_closed_loop_callback_error(unraisable: Any) -> bool:
     error = unraisable.exc_value
     if not isinstance(error, RuntimeError) or str(error) != "Event loop is closed":
         return False
-    traceback = unraisable.exc_traceback
-    return traceback is not None and traceback.tb_frame.f_code.co_name == "call_soon_threadsafe"
+    error_traceback = unraisable.exc_traceback
+    return error_traceback is not None and error_traceback.tb_frame.f_code.co_name == "call_soon_threadsafe"
 
 
 def _install_noise_filters() -> None:

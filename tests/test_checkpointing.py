@@ -1,6 +1,7 @@
 """Checkpointer round-trips flax/optax train states and turns every bad checkpoint into one line."""
 
 import glob
+import logging
 import os
 import subprocess
 import sys
@@ -310,3 +311,22 @@ def test_mismatched_newest_checkpoint_is_not_skipped(tmp_path):
 
     with pytest.raises(QrlInputError, match="does not match the target state"):
         Checkpointer(tmp_path).restore(_make_state(0, hidden=64))
+
+
+def test_orphaned_orbax_read_errors_are_dropped_from_asyncio_logs_and_others_kept():
+    """asyncio reports an abandoned read's error as '<class> exception was never retrieved' when
+    it is collected, for a Task, a Future or (timing-dependent) the _GatheringFuture over them."""
+    from qrl.checkpointing import _DropOrphanedOrbaxTaskErrors
+
+    def record(message, error=None):
+        exc_info = (type(error), error, None) if error is not None else None
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, message, (), exc_info)
+
+    read_error = ValueError('NOT_FOUND: Error opening "zarr" driver: Error reading "step/.zarray" in OCDBT database')
+    log_filter = _DropOrphanedOrbaxTaskErrors()
+    for kind in ("Task", "Future", "_GatheringFuture"):
+        orphaned = record(f"{kind} exception was never retrieved\nfuture: <{kind} finished exception={read_error!r}>")
+        assert not log_filter.filter(orphaned), kind
+    assert not log_filter.filter(record("_GatheringFuture exception was never retrieved", read_error))
+    assert log_filter.filter(record("Task exception was never retrieved\nfuture: <Task exception=KeyError('x')>"))
+    assert log_filter.filter(record("unrelated asyncio error mentioning zarr"))
