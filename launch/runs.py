@@ -304,7 +304,7 @@ def export_run(
     `probe_steps` states of other fp32 rollouts before it is written (the sidecar's `agreement`)."""
     from qrl.deploy import export as deploy_export
     from qrl.quant.ptq import needs_calibration
-    from qrl.quant.sweep import calibration_ranges, probe_states
+    from qrl.quant.sweep import calibration_ranges, fp32_policy_of, probe_states
 
     (parsed,) = _single_precision(precision, activations)
     check_ranges([("calibration_steps", calibration_steps, AT_LEAST_1), ("probe_steps", probe_steps, AT_LEAST_1)])
@@ -314,6 +314,7 @@ def export_run(
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)
     params = restored.agent.policy_params(restored.state)
     env_options = restored.run_config.get("env_options", {})
+    _, fp32_policy = fp32_policy_of(spec, params)
     input_ranges, ranges_source = None, "none"
     if trained_ranges:
         quant_ranges = getattr(restored.state, "quant_ranges", None)
@@ -321,10 +322,10 @@ def export_run(
             raise QrlInputError(f"--ranges=trained needs a QAT run; {workdir} holds no trained activation ranges")
         input_ranges, ranges_source = calibration_from_ranges(quant_ranges), "trained"
     elif needs_calibration(parsed):
-        input_ranges = calibration_ranges(spec, params, restored.env_id, calibration_steps, seed, env_options)
+        input_ranges = calibration_ranges(spec, params, restored.env_id, calibration_steps, seed, env_options, fp32_policy)
         ranges_source = f"calibrated on {calibration_steps} fp32 rollout states (seed {seed + 10_000})"
     fn = deploy_export.policy_function(spec, params, parsed, input_ranges)
-    probes = probe_states(spec, params, restored.env_id, probe_steps, seed, env_options)
+    probes = probe_states(spec, params, restored.env_id, probe_steps, seed, env_options, fp32_policy)
     description = {
         "agent": restored.run_config["agent"], "env": restored.env_id, "precision": parsed.name,
         "action": deploy_export.action_description(restored.action_spec),

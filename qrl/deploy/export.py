@@ -11,7 +11,9 @@ The sidecar `<model>.json` says what the model is and where it came from:
      "precision": "int8", "observation": {"shape": [4], "dtype": "float32", "normalization": null},
      "action": {"kind": "discrete", "shape": [], "dtype": "int32", "num_actions": 2},
      "outputs": ["action", "outputs"], "model_sha256": "...", "model_bytes": 12345,
-     "source": {"workdir": "runs/dqn", "checkpoint_step": 50000, "ranges": "calibrate"}}
+     "agreement": {"probe_states": 1024, "action_agreement": 1.0, "max_output_difference": 2e-07},
+     "source": {"workdir": "/abs/runs/dqn", "checkpoint_step": 50000, "run_finished": true,
+                "activation_ranges": "calibrated on 2048 fp32 rollout states (seed 10000)"}}
 
 `normalization` (`{"mean": [...], "std": [...]}`) is applied by the loader before the model,
 for policies trained on normalized observations. Both files are written to temporary siblings
@@ -29,19 +31,13 @@ import numpy as np
 
 from qrl import io
 from qrl.deploy.onnx_graph import to_onnx
+from qrl.deploy.policy import SIDECAR_FORMAT, SIDECAR_VERSION, session_from_bytes, sidecar_path
 from qrl.errors import QrlInputError
 from qrl.quant.precision import Precision
 from qrl.quant.ptq import quantize_params
 from qrl.quant.sweep import PolicySpec
 
-SIDECAR_FORMAT = "qrl-policy"
-SIDECAR_VERSION = 1
 OUTPUT_NAMES = ("action", "outputs")
-
-
-def sidecar_path(model_path: str) -> str:
-    """Where the sidecar of `model_path` lives: `<model_path>.json`."""
-    return f"{model_path}.json"
 
 
 def check_out_path(out_path: str) -> str:
@@ -106,8 +102,6 @@ def export_policy(
     data = model.SerializeToString()
     agreement = None
     if probe_observations is not None:
-        from qrl.deploy.policy import session_from_bytes
-
         session = session_from_bytes(data)
         onnx_actions, onnx_outputs = session.run(list(OUTPUT_NAMES), {session.get_inputs()[0].name: probe_observations})
         jax_actions, jax_outputs = jax.jit(fn)(jnp.asarray(probe_observations))
@@ -140,9 +134,3 @@ def agreement_of(jax_actions: np.ndarray, jax_outputs: np.ndarray, onnx_actions:
     else:
         result["max_action_difference"] = float(np.max(np.abs(onnx_actions - jax_actions)))
     return result
-
-
-def jax_policy(fn: Callable[[jax.Array], tuple]) -> Callable[[np.ndarray], np.ndarray]:
-    """The JAX policy an export reproduces: jitted, numpy actions out (for agreement checks)."""
-    jitted = jax.jit(lambda observations: fn(jnp.asarray(observations, jnp.float32))[0])
-    return lambda observations: np.asarray(jitted(observations))

@@ -74,15 +74,13 @@ class _Graph:
         return output
 
     def const(self, value: Any, hint: str = "const") -> str:
-        array = np.asarray(value)
         name = self.name(hint)
-        if array.dtype == ml_dtypes.bfloat16:
-            tensor = helper.make_tensor(name, TensorProto.BFLOAT16, array.shape,
-                                        array.view(np.uint16).flatten().tolist(), raw=False)
-        else:
-            tensor = numpy_helper.from_array(array, name)
-        self.initializers.append(tensor)
+        self.initializers.append(numpy_helper.from_array(np.asarray(value), name))  # bfloat16 (ml_dtypes) included.
         return name
+
+    def initializer_named(self, name: str):
+        """The initializer called `name`, or None."""
+        return next((tensor for tensor in self.initializers if tensor.name == name), None)
 
     def batch_size(self) -> str:
         """`[1]` int64: the batch size of the graph's input, computed once."""
@@ -149,7 +147,7 @@ class _Translator:
         if inner is not None:
             closed_consts = inner.consts if hasattr(inner, "consts") else ()
             jaxpr = inner.jaxpr if hasattr(inner, "jaxpr") else inner
-            outputs = _Translator.run(self, jaxpr, closed_consts, [self.read(atom) for atom in eqn.invars])
+            outputs = self.run(jaxpr, closed_consts, [self.read(atom) for atom in eqn.invars])
             for var, (constant, value) in zip(eqn.outvars, outputs):
                 (self.constants if constant else self.names)[var] = value
             return
@@ -421,10 +419,9 @@ _TRANSLATIONS: dict[str, Callable] = {
 
 
 def _constant_value(graph: _Graph, name: str) -> Optional[np.ndarray]:
-    for tensor in graph.initializers:
-        if tensor.name == name:
-            return numpy_helper.to_array(tensor)
-    return None
+    """The value of initializer `name`, None for a computed tensor."""
+    tensor = graph.initializer_named(name)
+    return None if tensor is None else numpy_helper.to_array(tensor)
 
 
 def _other_operand(graph: _Graph, node, value: float) -> Optional[str]:

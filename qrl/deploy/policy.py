@@ -24,8 +24,13 @@ _REQUIRED = {"agent": str, "env": str, "precision": str, "observation": dict, "a
              "outputs": list, "model_sha256": str}
 
 
+def sidecar_path(model_path: str) -> str:
+    """Where the sidecar of `model_path` lives: `<model_path>.json`."""
+    return f"{model_path}.json"
+
+
 def _read_sidecar(model_path: str) -> dict:
-    path = f"{model_path}.json"
+    path = sidecar_path(model_path)
     if not os.path.isfile(path):
         raise QrlInputError(f"{model_path} has no sidecar {path}: export it with python -m launch.export")
     try:

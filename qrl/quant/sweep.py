@@ -77,7 +77,7 @@ def _divergence_metrics(kind: str, reference: jax.Array, other: jax.Array, actio
     return {"mean_action_distance": float(divergence_lib.mean_action_distance(actions_ref, actions_other))}
 
 
-def _fp32_policy(spec: PolicySpec, params: dict) -> tuple[Callable, Callable[[np.ndarray], np.ndarray]]:
+def fp32_policy_of(spec: PolicySpec, params: dict) -> tuple[Callable, Callable[[np.ndarray], np.ndarray]]:
     """(jitted fp32 network outputs, numpy fp32 policy) of `params`."""
     fp32_network = spec.build_network(FP32)
     fp32_apply = jax.jit(lambda obs: fp32_network.apply({"params": params}, obs))
@@ -85,20 +85,21 @@ def _fp32_policy(spec: PolicySpec, params: dict) -> tuple[Callable, Callable[[np
 
 
 def calibration_ranges(spec: PolicySpec, params: dict, env_id: str, calibration_steps: int, seed: int = 0,
-                       env_options: Optional[dict] = None) -> dict:
+                       env_options: Optional[dict] = None, fp32_policy: Optional[Callable] = None) -> dict:
     """Every layer's input ranges (`calibrate`) over `calibration_steps` states of fp32 rollouts
-    seeded `seed + 10_000`: the static scales the sweep, the demo and the export all use."""
-    _, fp32_policy = _fp32_policy(spec, params)
+    seeded `seed + 10_000`: the static scales the sweep, the demo and the export all use.
+    `fp32_policy` (numpy observations -> actions) saves compiling it again."""
+    fp32_policy = fp32_policy or fp32_policy_of(spec, params)[1]
     states = evaluation.collect_observations(fp32_policy, env_id, calibration_steps, seed=seed + 10_000,
                                              env_options=env_options)
     return calibrate(spec.build_network(FP32).apply, params, states)
 
 
 def probe_states(spec: PolicySpec, params: dict, env_id: str, steps: int, seed: int = 0,
-                 env_options: Optional[dict] = None) -> np.ndarray:
+                 env_options: Optional[dict] = None, fp32_policy: Optional[Callable] = None) -> np.ndarray:
     """`[steps, ...]` states of fp32 rollouts seeded `seed + 20_000`, on which quantized
     policies' actions are compared with fp32's (disjoint from the calibration states)."""
-    _, fp32_policy = _fp32_policy(spec, params)
+    fp32_policy = fp32_policy or fp32_policy_of(spec, params)[1]
     return evaluation.collect_observations(fp32_policy, env_id, steps, seed=seed + 20_000, env_options=env_options)
 
 
@@ -127,10 +128,10 @@ def run_sweep(
     """
     if spec.divergence not in DIVERGENCE_KINDS:
         raise ValueError(f"unknown divergence kind {spec.divergence!r}")
-    fp32_apply, _ = _fp32_policy(spec, params)
-    divergence_states = probe_states(spec, params, env_id, divergence_steps, seed, env_options)
+    fp32_apply, fp32_policy = fp32_policy_of(spec, params)
+    divergence_states = probe_states(spec, params, env_id, divergence_steps, seed, env_options, fp32_policy)
     if input_ranges is None:
-        input_ranges = calibration_ranges(spec, params, env_id, calibration_steps, seed, env_options)
+        input_ranges = calibration_ranges(spec, params, env_id, calibration_steps, seed, env_options, fp32_policy)
     reference_outputs = fp32_apply(divergence_states)
     reference_actions = spec.outputs_to_actions(reference_outputs)
 
