@@ -18,7 +18,12 @@ Exported policies (`--no_export` skips them): the MLPs of the study (256-256), A
 int8 (static scales), int8-dyn and quarl_dyn8 in this process, then timed by ONNX Runtime in
 the peer process (`bench/onnx_peer.py --models`) at batch 1, 8, 32 with each model's schemes
 interleaved, plus p50/p99 of single batch-1 calls. Targets: int8 <= 0.5x the exported fp32 at
-batch 1 for the 2048-wide policy, <= 1x for the small ones.
+batch 1 for the 2048-wide policy, <= 1x for the small ones. The MLPs are also exported pruned
+(95% of every kernel zero, `-pruned95`, stored as ONNX sparse initializers) and timed by ONNX
+Runtime (which densifies them), by qrl's CSR runtime (`+csr`, `qrl.deploy.csr_runtime`) and as
+per-layer gathers of the kept inputs (`+ell`); JAX's dense and BCSR forms of the same pruned
+kernels run in this process. Target: the pruned policy's best runtime <= 0.5x the dense fp32
+export at batch 1.
 
 Two times per candidate: wall time (the latency; the targets use it) and the CPU time of the
 process per call, which leaves out waiting for a core and so stays steadier on a loaded machine
@@ -61,8 +66,17 @@ EXPORT_MODELS = {"mlp 256-256": (256, 256, 6), "d4pg 300-200": (300, 200, 6), "m
                  "nature-cnn": "cnn"}
 QUICK_EXPORT_MODELS = ("mlp 256-256",)
 EXPORT_SCHEMES = ("fp32", "int8", "int8-dyn", "quarl_dyn8")
+# The MLPs are also exported pruned: every kernel keeps a random PRUNED_DENSITY of its weights
+# (latency depends on the kept count, not on which weights), at these schemes. ONNX Runtime runs
+# them densified; the peer also runs them with qrl's CSR runtime ("+csr") and, for fp32, as a
+# gather of the kept inputs per layer ("+ell"); JAX's BCSR runs in this process.
+PRUNED_DENSITY = 0.05
+PRUNED_SCHEMES = ("fp32", "int8")
+PRUNED_SUFFIX = "-pruned95"
 # (model, scheme, batch, bound on exported latency / exported fp32 latency).
-EXPORT_TARGETS = (("mlp 2048-2048-2048", "int8", 1, 0.5), ("mlp 256-256", "int8", 1, 1.0), ("d4pg 300-200", "int8", 1, 1.0))
+EXPORT_TARGETS = (("mlp 2048-2048-2048", "int8", 1, 0.5), ("mlp 256-256", "int8", 1, 1.0), ("d4pg 300-200", "int8", 1, 1.0),
+                  ("mlp 2048-2048-2048", "fp32-pruned95+csr", 1, 0.5), ("mlp 256-256", "fp32-pruned95+csr", 1, 0.5),
+                  ("d4pg 300-200", "fp32-pruned95+csr", 1, 0.5))
 FULL_DEFAULTS = {"rounds": 20, "round_seconds": 0.01, "mlp_batches": "1,32,256,4096", "cnn_batches": "1,32,256",
                  "export_batches": "1,8,32"}
 QUICK_DEFAULTS = {"rounds": 3, "round_seconds": 0.005, "mlp_batches": "1,32", "cnn_batches": "1", "export_batches": "1"}
@@ -264,18 +278,86 @@ def export_policies(directory: str, model_names, rng: np.random.Generator) -> di
             inputs = rng.standard_normal((CALIBRATION_SIZE, MLP_INPUT_SIZE)).astype(np.float32)
         fp32 = build(parse_precision("fp32"))
         params = jax.jit(fp32.init)(jax.random.PRNGKey(0), inputs[:1])["params"]
-        ranges = calibrate(fp32.apply, params, inputs)
+        variants = [(scheme, params) for scheme in EXPORT_SCHEMES]
+        if layers != "cnn":
+            pruned = pruned_params(params, np.random.default_rng(3))
+            variants += [(scheme + PRUNED_SUFFIX, pruned) for scheme in PRUNED_SCHEMES]
         sizes[model_name] = {}
-        for scheme in EXPORT_SCHEMES:
-            precision = parse_precision(scheme)
+        for name, variant_params in variants:
+            precision = parse_precision(name.replace(PRUNED_SUFFIX, ""))
             network = build(precision)
-            quantized = jax.tree.map(np.asarray, quantize_params(params, precision, ranges))
+            ranges = calibrate(fp32.apply, variant_params, inputs)
+            quantized = jax.tree.map(np.asarray, quantize_params(variant_params, precision, ranges))
             model = to_onnx(lambda x, network=network, quantized=quantized: network.apply({"params": quantized}, x),
                             inputs.shape[1:], ["y"], observation_dtype=inputs.dtype)
-            with open(os.path.join(directory, f"{model_name}__{scheme}.onnx"), "wb") as handle:
+            with open(os.path.join(directory, f"{model_name}__{name}.onnx"), "wb") as handle:
                 handle.write(model.SerializeToString())
-            sizes[model_name][scheme] = {"param_bytes": param_bytes(quantized), "model_bytes": model.ByteSize()}
+            sizes[model_name][name] = {"param_bytes": param_bytes(quantized), "model_bytes": model.ByteSize()}
     return sizes
+
+
+def pruned_params(params, rng: np.random.Generator):
+    """`params` with every kernel keeping a random `PRUNED_DENSITY` of its entries (exactly
+    round(density * size) of them), biases kept."""
+    import jax
+
+    def prune(path, leaf):
+        if not jax.tree_util.keystr(path).endswith("'kernel']"):
+            return np.asarray(leaf)
+        kept = np.zeros(leaf.size, bool)
+        kept[rng.choice(leaf.size, max(1, round(PRUNED_DENSITY * leaf.size)), replace=False)] = True
+        return np.where(kept.reshape(leaf.shape), np.asarray(leaf), 0).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(prune, params)
+
+
+def time_jax_sparse(model_names, batches: list[int], args) -> dict:
+    """The pruned MLPs in JAX, side by side: the jitted dense product of the masked kernels and
+    `jax.experimental.sparse.BCSR` products (kernels transposed, `[N, K] · xᵀ`). Wall µs per call
+    and the ratio to the dense form."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import sparse as jax_sparse
+
+    from qrl.networks import MLP
+    from qrl.quant import parse_precision
+
+    rng = np.random.default_rng(2)
+    result = {"latency_us": {}, "ratio_to_dense": {}}
+    for model_name in model_names:
+        layers = EXPORT_MODELS[model_name]
+        if layers == "cnn":
+            continue
+        network = MLP(layers, precision=parse_precision("fp32"), activate_final=False)
+        inputs = rng.standard_normal((1, MLP_INPUT_SIZE)).astype(np.float32)
+        params = pruned_params(jax.jit(network.init)(jax.random.PRNGKey(0), inputs)["params"], np.random.default_rng(3))
+        kernels = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+                   if jax.tree_util.keystr(path).endswith("'kernel']")]
+        biases = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+                  if jax.tree_util.keystr(path).endswith("'bias']")]
+        sparse_kernels = [jax_sparse.BCSR.fromdense(jnp.asarray(kernel.T)) for kernel in kernels]
+
+        @jax.jit
+        def bcsr_apply(sparse_kernels, biases, x):
+            h = x.T
+            for index, (kernel, bias) in enumerate(zip(sparse_kernels, biases)):
+                h = kernel @ h + bias[:, None]
+                h = jax.nn.relu(h) if index < len(sparse_kernels) - 1 else h
+            return h.T
+
+        dense_apply = jax.jit(network.apply)
+        latency = {"jax dense": {}, "jax bcsr": {}}
+        for batch in batches:
+            x = jnp.asarray(rng.standard_normal((batch, MLP_INPUT_SIZE)).astype(np.float32))
+            np.testing.assert_allclose(np.asarray(bcsr_apply(sparse_kernels, biases, x)),
+                                       np.asarray(dense_apply({"params": params}, x)), rtol=1e-4, atol=1e-4)
+            calls = {"jax dense": lambda x=x: jax.block_until_ready(dense_apply({"params": params}, x)),
+                     "jax bcsr": lambda x=x: jax.block_until_ready(bcsr_apply(sparse_kernels, biases, x))}
+            for name, seconds in interleaved_medians(calls, args.rounds, args.round_seconds).items():
+                latency[name][batch] = seconds["wall"] * 1e6
+        result["latency_us"][model_name] = latency
+        result["ratio_to_dense"][model_name] = ratios_to(latency, "jax dense")
+    return result
 
 
 def run_export_peer(args) -> dict:
@@ -292,13 +374,15 @@ def run_export_peer(args) -> dict:
         lines = completed.stderr.strip().splitlines() or ["no output"]
         return {"error": f"onnx peer exited with status {completed.returncode}: {lines[-1]}"}
     timed = json.loads(completed.stdout.strip().splitlines()[-1])
-    result = {"sizes": sizes, "latency_us": {}, "ratio_to_fp32": {}, "p99_us": {}}
+    result = {"sizes": sizes, "latency_us": {}, "ratio_to_fp32": {}, "p50_us": {}, "p99_us": {}, "info": timed["info"]}
     for model_name in model_names:
+        candidates = [name.split("__", 1)[1] for name in timed["latency_us"] if name.split("__", 1)[0] == model_name]
         latency = {scheme: {int(b): v for b, v in timed["latency_us"][f"{model_name}__{scheme}"].items()}
-                   for scheme in EXPORT_SCHEMES}
+                   for scheme in candidates}
         result["latency_us"][model_name] = latency
         result["ratio_to_fp32"][model_name] = ratios_to(latency, "fp32")
-        result["p99_us"][model_name] = {scheme: timed["p99_us"][f"{model_name}__{scheme}"] for scheme in EXPORT_SCHEMES}
+        for key in ("p50_us", "p99_us"):
+            result[key][model_name] = {scheme: timed[key][f"{model_name}__{scheme}"] for scheme in candidates}
     return result
 
 
@@ -400,6 +484,10 @@ def report(results: dict, args) -> str:
                 rows, args.export_batches)
     elif exported:
         lines += ["", f"exported policies: {exported.get('error') or exported.get('skipped')}"]
+    for model_name, latency in results.get("pruned_jax", {}).get("latency_us", {}).items():
+        rows = {name: (latency[name], results["pruned_jax"]["ratio_to_dense"][model_name][name]) for name in latency}
+        lines += [""] + format_table(f"pruned {model_name} (95% of every kernel zero) in JAX: median wall µs per call "
+                                     "(ratio to jax dense)", rows, args.export_batches)
     lines += ["", "targets (wall-time ratios)"]
     for target in results["targets"]:
         if target["value"] is None:
@@ -459,6 +547,9 @@ def main(argv=None) -> None:
     else:
         results["onnx"] = run_onnx_peer(mlp_params, mlp_observations, args.mlp_batches, args)
     results["exported"] = {"skipped": "--no_export"} if args.no_export else run_export_peer(args)
+    if not args.no_export:
+        results["pruned_jax"] = time_jax_sparse(QUICK_EXPORT_MODELS if args.quick else tuple(EXPORT_MODELS),
+                                                args.export_batches, args)
     results["targets"] = evaluate_targets(results)
 
     print(report(results, args), flush=True)

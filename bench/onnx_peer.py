@@ -132,51 +132,114 @@ def numpy_mlp(layers):
     return apply
 
 
+def ell_model(model):
+    """`model` with every MatMul on a sparse initializer `w [K, N]` rewritten as a gather of the
+    kept inputs (ELL layout: each output column's kept rows padded to the longest, k): Gather(x,
+    rows [N, k], axis=1) -> [B, N, k], Mul by values [N, k], ReduceSum over k. Pure ONNX; the
+    candidate a runtime without sparse kernels has."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    sparse = {}
+    for tensor in graph.sparse_initializer:
+        dense = np.zeros(int(np.prod(tensor.dims)), helper.tensor_dtype_to_np_dtype(tensor.values.data_type))
+        dense[numpy_helper.to_array(tensor.indices)] = numpy_helper.to_array(tensor.values)
+        sparse[tensor.values.name] = dense.reshape(tuple(tensor.dims))
+    nodes, initializers = [], list(graph.initializer)
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "ell_axes")
+    initializers.append(axes)
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in sparse or sparse[node.input[1]].dtype != np.float32:
+            nodes.append(node)
+            continue
+        columns = sparse.pop(node.input[1]).T  # [N, K]
+        width = max(1, int((columns != 0).sum(axis=1).max()))
+        rows = np.zeros((columns.shape[0], width), np.int64)
+        values = np.zeros((columns.shape[0], width), np.float32)
+        for output, column in enumerate(columns):
+            kept = np.flatnonzero(column)
+            rows[output, : kept.size], values[output, : kept.size] = kept, column[kept]
+        name = node.input[1]
+        initializers += [numpy_helper.from_array(rows, f"{name}_rows"), numpy_helper.from_array(values, f"{name}_values")]
+        nodes += [helper.make_node("Gather", [node.input[0], f"{name}_rows"], [f"{name}_gathered"], axis=1),
+                  helper.make_node("Mul", [f"{name}_gathered", f"{name}_values"], [f"{name}_products"]),
+                  helper.make_node("ReduceSum", [f"{name}_products", "ell_axes"], [node.output[0]], keepdims=0)]
+    remaining = [tensor for tensor in graph.sparse_initializer if tensor.values.name in sparse]
+    new_graph = helper.make_graph(nodes, graph.name, graph.input, graph.output, initializers, sparse_initializer=remaining)
+    new_model = helper.make_model(new_graph, opset_imports=model.opset_import)
+    new_model.ir_version = model.ir_version
+    return new_model
+
+
 def time_exported_models(directory: str, batches: list[int], rounds: int, round_seconds: float, threads: int,
                          single_calls: int = 400) -> dict:
     """Times every `<model>__<scheme>.onnx` in `directory` (qrl.deploy exports, one input) with
     ONNX Runtime: medians per batch with the schemes of one model interleaved, and p50/p99 of
-    `single_calls` single batch-1 calls taken in turn across the model's schemes."""
+    `single_calls` single batch-1 calls taken in turn across the model's schemes. Models with
+    sparse initializers (pruned) also run in qrl's CSR runtime (`<scheme>+csr`) and, for fp32,
+    rewritten by `ell_model` (`<scheme>+ell`, ONNX Runtime)."""
     import time
 
+    import onnx
     import onnxruntime as ort
 
-    sessions = {}
+    from qrl.deploy.csr_runtime import CsrProgram
+
+    def session(model):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+    runners, inputs = {}, {}
     for file_name in sorted(os.listdir(directory)):
-        if file_name.endswith(".onnx"):
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            sessions[file_name[: -len(".onnx")]] = ort.InferenceSession(
-                os.path.join(directory, file_name), options, providers=["CPUExecutionProvider"])
-    models = sorted({name.split("__")[0] for name in sessions})
+        if not file_name.endswith(".onnx"):
+            continue
+        name = file_name[: -len(".onnx")]
+        model = onnx.load(os.path.join(directory, file_name))
+        graph_input = model.graph.input[0]
+        inputs[name.split("__")[0]] = (graph_input.name, [d.dim_value for d in graph_input.type.tensor_type.shape.dim[1:]],
+                                      graph_input.type.tensor_type.elem_type == onnx.TensorProto.UINT8)
+        main_session = session(model)
+        runners[name] = lambda x, s=main_session, i=graph_input.name: s.run(None, {i: x})
+        if model.graph.sparse_initializer:
+            program = CsrProgram(model)
+            runners[f"{name}+csr"] = lambda x, p=program, i=graph_input.name: p.run([], {i: x})
+            if "fp32" in name:
+                gathered = session(ell_model(model))
+                runners[f"{name}+ell"] = lambda x, s=gathered, i=graph_input.name: s.run(None, {i: x})
     rng = np.random.default_rng(0)
-    latency_us, p50_us, p99_us = {}, {}, {}
-    for model in models:
-        names = [name for name in sessions if name.split("__")[0] == model]
-        spec = sessions[names[0]].get_inputs()[0]
-        shape = [dim for dim in spec.shape[1:]]
-        integer_input = "uint8" in spec.type
+    latency_us, p50_us, p99_us, max_abs_difference = {}, {}, {}, {}
+    for model, (input_name, shape, integer_input) in inputs.items():
+        names = [name for name in runners if name.split("__")[0] == model]
+
+        def draw(batch):
+            return (rng.integers(0, 256, (batch, *shape), dtype=np.uint8) if integer_input
+                    else rng.standard_normal((batch, *shape)).astype(np.float32))
+
         for batch in batches:
-            x = (rng.integers(0, 256, (batch, *shape), dtype=np.uint8) if integer_input
-                 else rng.standard_normal((batch, *shape)).astype(np.float32))
-            calls = {name: (lambda session=sessions[name], x=x, input_name=spec.name: session.run(None, {input_name: x}))
-                     for name in names}
+            x = draw(batch)
+            for name in names:  # a runtime of a pruned model computes what ORT computes on it.
+                plain = name.split("+")[0]
+                max_abs_difference.setdefault(name, {})[batch] = float(np.max(np.abs(
+                    np.asarray(runners[name](x)[0], np.float64) - np.asarray(runners[plain](x)[0], np.float64))))
+            calls = {name: (lambda runner=runners[name], x=x: runner(x)) for name in names}
             for name, seconds in interleaved_medians(calls, rounds, round_seconds).items():
                 latency_us.setdefault(name, {})[batch] = seconds["wall"] * 1e6
-        x = (rng.integers(0, 256, (1, *shape), dtype=np.uint8) if integer_input
-             else rng.standard_normal((1, *shape)).astype(np.float32))
+        x = draw(1)
         single = {name: [] for name in names}
         for _ in range(single_calls):
             for name in names:
                 start = time.perf_counter()
-                sessions[name].run(None, {spec.name: x})
+                runners[name](x)
                 single[name].append(time.perf_counter() - start)
         for name, times in single.items():
             p50_us[name] = float(np.percentile(times, 50) * 1e6)
             p99_us[name] = float(np.percentile(times, 99) * 1e6)
     return {"info": {"onnxruntime": ort.__version__, "ort_threads": threads, "cpu_count": os.cpu_count()},
-            "latency_us": latency_us, "p50_us": p50_us, "p99_us": p99_us}
+            "latency_us": latency_us, "p50_us": p50_us, "p99_us": p99_us, "max_abs_difference": max_abs_difference}
 
 
 def main(argv=None) -> None:

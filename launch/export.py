@@ -4,7 +4,9 @@
 
 Restores the finished run in --workdir (or checkpoint --step=N), quantizes its policy to
 --precision as `launch.ptq` does (static activation scales calibrated on the same fp32 rollouts,
-or a QAT run's trained ranges with --ranges=trained) and writes --out and --out.json. The model
+or a QAT run's trained ranges with --ranges=trained) and writes --out and --out.json. An offline
+run of `launch.prune_offline` exports the same way: scales calibrated on dataset states, the
+dataset's observation normalization in the sidecar, pruned kernels stored sparse. The model
 takes float32 observations `[B, ...]` and returns environment actions; int8 layers run ONNX's
 integer operators (MatMulInteger / ConvInteger). Before writing, the model is run by ONNX Runtime
 on --probe_steps states and compared with the JAX policy (printed, and kept in the sidecar).

@@ -217,3 +217,140 @@ def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, prog
             + f"; policy {best['bytes']} bytes as {best['format']} {best['precision']} "
             f"({best['vs_dense_fp32']:.3f}× dense fp32) -> {workdir}")
     return results
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoredOfflineRun:
+    """A `launch.prune_offline` run read back from its workdir: its algorithm and config, the
+    restored train state, the masks it trained under, the dataset (for observation statistics),
+    the environment and its specs, the checkpoint's gradient step and whether the run finished."""
+
+    workdir: str
+    run_config: dict
+    algo: Any
+    config: Any
+    state: Any
+    masks: dict
+    dataset: Any
+    env_id: str
+    observation_spec: Any
+    action_spec: Any
+    step: int
+    finished: bool
+
+
+def restore_offline_run(workdir: str, step: Optional[int] = None, require_finished: bool = False) -> RestoredOfflineRun:
+    """Reads `config.json` and `masks.msgpack` of an offline run and restores its checkpoint
+    (`step`, or the newest intact one; with `require_finished` an unfinished run is refused,
+    naming its newest step). The dataset the run trained on must still be where it was."""
+    from agents import get_offline_agent
+    from qrl.checkpointing import Checkpointer
+
+    config_path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(config_path):
+        raise QrlInputError(f"{workdir} has no config.json: not an offline run directory")
+    run_config = io.read_json(config_path)
+    try:
+        algo = get_offline_agent(run_config["algo"])
+        config = algo.Config.from_dict(run_config["agent_config"])
+        env_id, dataset_path = run_config["env"], run_config["dataset"]
+    except (KeyError, TypeError, AttributeError) as error:
+        raise QrlInputError(f"{config_path} is missing or has a malformed field: {error}") from None
+    if not os.path.exists(dataset_path):
+        raise QrlInputError(f"the run in {workdir} trained on {dataset_path}, which no longer exists: its observation "
+                            "statistics are needed")
+    runtime.configure_jax(1)
+    dataset = from_qlearning(d4rl.qlearning_arrays(files.read_steps(dataset_path)))
+    observation_spec, action_spec = offline.env_specs(env_id)
+    networks = algo.learning.networks_at_init(algo.build(config, observation_spec, action_spec).init(jax.random.PRNGKey(0)))
+    masks = load_masks(workdir, networks) if os.path.isfile(os.path.join(workdir, MASKS_FILE)) else {}
+    masks = {name: mask for name, mask in masks.items() if mask is not None}
+    template = algo.build(config, observation_spec, action_spec, mask=masks or None).init(jax.random.PRNGKey(0))
+    finished = os.path.isfile(os.path.join(workdir, RESULTS_FILE))
+    with Checkpointer(os.path.join(workdir, "checkpoints")) as checkpointer:
+        if step is not None:
+            state = checkpointer.restore(template, step=step)
+        else:
+            newest = checkpointer.latest_step()
+            if newest is None:
+                raise QrlInputError(f"{workdir} has no policy checkpoint to export")
+            if require_finished and not finished:
+                raise QrlInputError(f"the run in {workdir} is unfinished (no {RESULTS_FILE}); its newest checkpoint is step "
+                                    f"{newest}: pass --step={newest} to export that checkpoint")
+            step, state = checkpointer.restore_newest_intact(template)
+    return RestoredOfflineRun(workdir, run_config, algo, config, state, masks, dataset, env_id, observation_spec,
+                              action_spec, int(step), finished)
+
+
+def offline_policy_function(restored: RestoredOfflineRun, precision, calibration_states: Optional[np.ndarray] = None):
+    """`fn(observations [B, D]) -> (actions [B, A], actions [B, A])` of the run's policy at
+    `precision`, on observations as the policy sees them (normalized when it trained so);
+    static activation scales are calibrated on `calibration_states [N, D]` (seen the same way).
+
+    BC, TD3+BC and IQL act with one deterministic actor (`learning.make_actor`), quantized like
+    any qrl network (`qrl.deploy.export.policy_function`). BCQ acts with three networks and a
+    search over sampled candidates (`acting.make_policy`); it exports at fp32 only."""
+    from qrl.deploy import export as deploy_export
+    from qrl.quant.precision import FP32
+    from qrl.quant.ptq import calibrate, needs_calibration
+    from qrl.quant.sweep import PolicySpec
+
+    algo, config, bounds = restored.algo, restored.config, action_bounds(restored.action_spec)
+    params = algo.learning.policy_params(restored.state)
+    if not hasattr(algo.learning, "make_actor"):
+        if precision.name != "fp32":
+            raise QrlInputError(f"{restored.run_config['algo']} exports at fp32 only (its policy searches over "
+                                f"decoder samples with three networks); got --precision={precision.name}")
+        policy = algo.acting.make_policy(config.replace(target_matmul_dtype="fp32"), bounds)
+        params = jax.tree.map(np.asarray, params)
+
+        def fn(observations):
+            actions = policy(params, observations)
+            return actions, actions
+
+        return fn
+    spec = PolicySpec(build_network=lambda p: algo.learning.make_actor(config, bounds, p),
+                      outputs_to_actions=lambda actions: actions, divergence="deterministic")
+    input_ranges = None
+    if needs_calibration(precision):
+        input_ranges = calibrate(spec.build_network(FP32).apply, params, calibration_states)
+    return deploy_export.policy_function(spec, params, precision, input_ranges)
+
+
+def export_offline_run(workdir: str, precision, out_path: str, calibration_steps: int = 2048, probe_steps: int = 1024,
+                       seed: int = 0, step: Optional[int] = None) -> dict:
+    """Exports the policy of the offline run in `workdir` (see `runs.export_run`). Static
+    activation scales are calibrated on `calibration_steps` dataset states and the model checked
+    on `probe_steps` others (drawn with `seed + 30_000`); the dataset's observation statistics go
+    into the sidecar when the agent trained on normalized observations. Kernels the run pruned
+    are stored sparse in the model (`qrl.deploy.onnx_graph`); the sidecar records the masks'
+    kept fractions."""
+    from qrl.deploy import export as deploy_export
+    from qrl.quant.ptq import needs_calibration
+
+    restored = restore_offline_run(workdir, step=step, require_finished=step is None)
+    normalized = bool(getattr(restored.config, "normalize_observations", False))
+    observations = np.asarray(restored.dataset.transitions.observation)
+    count = calibration_steps + probe_steps
+    drawn = np.random.default_rng(seed + 30_000).choice(len(observations), count, replace=count > len(observations))
+    states = observations[drawn]
+    if normalized:
+        states = np.asarray(normalize_observations(restored.dataset, states))
+    calibration_states, probes = states[:calibration_steps], states[calibration_steps:]
+    fn = offline_policy_function(restored, precision, calibration_states)
+    description = {
+        "agent": restored.run_config["algo"], "env": restored.env_id, "precision": precision.name,
+        "action": deploy_export.action_description(restored.action_spec),
+        "pruning": None if not restored.masks else {
+            "pruner": restored.run_config.get("pruner"), "masks": mask_summary(restored.masks)},
+        "source": {"workdir": os.path.abspath(workdir), "checkpoint_step": restored.step,
+                   "run_finished": restored.finished, "dataset": restored.run_config["dataset"],
+                   "activation_ranges": (f"calibrated on {calibration_steps} dataset states (seed {seed + 30_000})"
+                                         if needs_calibration(precision) else "none")},
+    }
+    normalization = None
+    if normalized:
+        normalization = {"mean": np.asarray(restored.dataset.observation_mean),
+                         "std": np.asarray(restored.dataset.observation_std)}
+    return deploy_export.export_policy(fn, restored.observation_spec.shape, out_path, description,
+                                       normalization=normalization, probe_observations=probes.astype(np.float32))

@@ -295,8 +295,9 @@ def export_run(
     step: Optional[int] = None,
     trained_ranges: bool = False,
 ) -> dict:
-    """Exports the trained policy of the run in `workdir` at `precision` as an ONNX model at
-    `out_path` plus its sidecar (`qrl.deploy.export`); returns the sidecar.
+    """Exports the trained policy of the run in `workdir` (a `launch.train` run, or an offline
+    `launch.prune_offline` run: `launch.prune_runs.export_offline_run`) at `precision` as an ONNX
+    model at `out_path` plus its sidecar (`qrl.deploy.export`); returns the sidecar.
 
     Static activation scales come from the same fp32 rollouts the PTQ sweep calibrates on
     (`seed`, `calibration_steps`), or from a QAT run's trained ranges, so the exported int8
@@ -309,6 +310,14 @@ def export_run(
     (parsed,) = _single_precision(precision, activations)
     check_ranges([("calibration_steps", calibration_steps, AT_LEAST_1), ("probe_steps", probe_steps, AT_LEAST_1)])
     deploy_export.check_out_path(out_path)
+    require_workdir(workdir, writable=False)
+    marker = workdirs.read_marker(workdir) if os.path.isdir(workdir) else None
+    if marker is not None and marker["kind"] == "prune_offline":
+        from launch.prune_runs import export_offline_run
+
+        if trained_ranges:
+            raise QrlInputError(f"--ranges=trained needs a QAT run; {workdir} is an offline run")
+        return export_offline_run(workdir, parsed, out_path, calibration_steps, probe_steps, seed, step)
     runtime.configure_jax()
     restored = restore_run(workdir, step=step, require_finished=step is None)
     spec = restored.agent.policy_spec(restored.config, restored.observation_spec, restored.action_spec)

@@ -193,13 +193,14 @@ def test_policy_picks_the_best_candidate_deterministically_within_bounds():
     np.testing.assert_array_equal(actions, np.asarray(policy(params, observations)))
     assert actions.shape == (5, 1) and np.all(np.abs(actions) <= 2.0)
     forward = learning.Forward(config, BOUNDS)
-    latents = learning.sample_latents(jax.random.PRNGKey(config.acting_seed), (5, 7, forward.latent_size), 0.5)
-    for b in range(5):
+    latents = learning.sample_latents(jax.random.PRNGKey(config.acting_seed), (7, forward.latent_size), 0.5)
+    for b in range(5):  # every state scores the same 7 latents: its action does not depend on the batch.
         repeated = np.repeat(observations[b:b + 1], 7, axis=0)
-        decoded = forward.decode(state.vae_params, repeated, latents[b])
+        decoded = forward.decode(state.vae_params, repeated, latents)
         candidates = forward.perturb(state.actor_params, repeated, decoded)
         best = int(np.argmax(forward.first_q(state.critic_params, repeated, candidates)))
         np.testing.assert_allclose(actions[b], scale_actions(candidates[best], *BOUNDS), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(policy(params, observations[b:b + 1]))[0], actions[b], rtol=1e-5, atol=1e-6)
 
 
 def test_bf16_sampled_passes_match_fp32_within_tolerance():

@@ -207,3 +207,163 @@ def test_export_cli_writes_a_model_that_acts_as_the_ptq_policy(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["policy.onnx", "policy.onnx.json", "run"]  # no temporary files left.
     policy = load_policy(str(out))
     assert policy.precision == "int8" and policy.act(np.zeros(4, np.float32)) in (0, 1)
+
+
+# ----- offline and pruned policies ---------------------------------------------------------------
+
+OFFLINE_ENV = "gym:Pendulum-v1"
+OFFLINE_RUNS = {  # small networks, pruned to 90% by SNIP; TD3+BC trains on normalized observations.
+    "bc": {"hidden_sizes": "64-64", "batch_size": 64},
+    "td3_bc": {"hidden_sizes": "64-64", "batch_size": 64},
+    "iql": {"hidden_sizes": "64-64", "batch_size": 64},
+    "bcq": {"vae_hidden_sizes": "64-64", "actor_hidden_sizes": "64-64", "critic_hidden_sizes": "64-64",
+            "batch_size": 64, "acting_samples": 10},
+}
+
+
+@pytest.fixture(scope="module")
+def offline_runs(tmp_path_factory):
+    """`{algo: workdir}`: each offline agent trained 200 steps under 90%-sparse SNIP masks on
+    2,000 noisy swing-up steps of Pendulum."""
+    from launch.prune_runs import PruneRun, run_prune_offline
+    from pruning import PruneSettings
+    from qrl.datasets import collect
+    from qrl.datasets.writers import write_d4rl_hdf5
+    from tests.test_bc import swing_up
+
+    root = tmp_path_factory.mktemp("offline")
+    act = lambda params, observations, normal: jnp.clip(swing_up(observations) + 0.5 * normal, -2.0, 2.0)
+    steps, _ = collect.collect_steps(OFFLINE_ENV, act, None, 2000, seed=0)
+    dataset = str(root / "pendulum.hdf5")
+    write_d4rl_hdf5(dataset, steps, {"env_id": OFFLINE_ENV})
+    runs = {}
+    for algo, overrides in OFFLINE_RUNS.items():
+        runs[algo] = str(root / algo)
+        run_prune_offline(PruneRun(dataset=dataset, algo=algo, pruner="snip", settings=PruneSettings(sparsity=0.9),
+                                   overrides=overrides, steps=200, eval_every=0, eval_episodes=1),
+                          runs[algo], progress=False, printer=lambda *_: None)
+    return runs
+
+
+def _offline_jax_policy(workdir):
+    """The run's own evaluation policy: numpy raw observations -> actions (normalizing as it trained)."""
+    from launch.prune_runs import restore_offline_run
+    from qrl.datasets import normalize_observations
+
+    restored = restore_offline_run(workdir)
+    agent = restored.algo.build(restored.config, restored.observation_spec, restored.action_spec)
+    params = restored.algo.learning.policy_params(restored.state)
+    normalize = restored.config.normalize_observations
+    policy = jax.jit(lambda o: agent.policy(params, normalize_observations(restored.dataset, o) if normalize else o))
+    return lambda observations: np.asarray(policy(jnp.asarray(observations, jnp.float32))), restored
+
+
+@pytest.mark.parametrize("algo", sorted(OFFLINE_RUNS))
+def test_exported_offline_pruned_policy_acts_as_the_runs_policy(offline_runs, algo, tmp_path):
+    from launch.runs import export_run
+
+    jax_policy, restored = _offline_jax_policy(offline_runs[algo])
+    observations = np.asarray(restored.dataset.transitions.observation)[::7][:256]
+    expected = jax_policy(observations)
+    span = float(np.max(restored.action_spec.maximum - restored.action_spec.minimum))
+    for scheme in ("fp32",) if algo == "bcq" else ("fp32", "int8", "int8-dyn"):
+        out = str(tmp_path / f"{algo}-{scheme}.onnx")
+        sidecar = export_run(offline_runs[algo], scheme, out, calibration_steps=256, probe_steps=128)
+        assert sidecar["agent"] == algo and sidecar["precision"] == scheme
+        assert (sidecar["observation"]["normalization"] is not None) == restored.config.normalize_observations
+        assert sidecar["pruning"]["pruner"] == "snip" and sidecar["agreement"]["probe_states"] == 128
+        model = onnx.load(out)
+        stored = sum(int(tensor.values.dims[0]) for tensor in model.graph.sparse_initializer)
+        assert model.graph.sparse_initializer and stored <= 0.1 * sum(
+            int(np.prod(tensor.dims)) for tensor in model.graph.sparse_initializer) + 1, "pruned kernels are stored sparse"
+        for runtime in ("onnxruntime", "csr"):
+            actions = load_policy(out, runtime=runtime)(observations)
+            if scheme == "fp32":
+                assert np.max(np.abs(actions - expected)) <= FLOAT_TOLERANCE * span, (scheme, runtime)
+            else:  # the quantized policy against the JAX policy at the same scheme.
+                from launch.prune_runs import offline_policy_function
+                from qrl.datasets import normalize_observations
+                from qrl.quant import parse_precision
+
+                seen = (np.asarray(normalize_observations(restored.dataset, observations))
+                        if restored.config.normalize_observations else observations)
+                calibration = json.load(open(out + ".json"))["source"]["activation_ranges"]
+                assert calibration.startswith("calibrated on 256 dataset states") or scheme == "int8-dyn"
+                quantized = offline_policy_function(restored, parse_precision(scheme), _calibration_states(restored, 256, 128))
+                reference = np.asarray(jax.jit(lambda o: quantized(o)[0])(jnp.asarray(seen)))
+                assert np.max(np.abs(actions - reference)) <= INTEGER_TOLERANCE * span, (scheme, runtime)
+    if algo == "bcq":
+        with pytest.raises(QrlInputError, match="bcq exports at fp32 only"):
+            export_run(offline_runs[algo], "int8", str(tmp_path / "refused.onnx"))
+        assert not (tmp_path / "refused.onnx").exists()
+
+
+def _calibration_states(restored, calibration_steps, probe_steps, seed=0):
+    """The dataset states `export_offline_run` calibrates on (same draw)."""
+    from qrl.datasets import normalize_observations
+
+    observations = np.asarray(restored.dataset.transitions.observation)
+    count = calibration_steps + probe_steps
+    drawn = np.random.default_rng(seed + 30_000).choice(len(observations), count, replace=count > len(observations))
+    states = observations[drawn][:calibration_steps]
+    return np.asarray(normalize_observations(restored.dataset, states)) if restored.config.normalize_observations else states
+
+
+def test_exported_offline_policy_returns_equal_the_runs_returns_on_fixed_seeds(offline_runs, tmp_path):
+    from launch.runs import export_run
+
+    for algo in ("td3_bc", "bcq"):  # normalized observations; a policy searching over candidates.
+        jax_policy, _ = _offline_jax_policy(offline_runs[algo])
+        out = str(tmp_path / f"{algo}.onnx")
+        export_run(offline_runs[algo], "fp32", out, calibration_steps=64, probe_steps=64)
+        jax_result = evaluation.evaluate(jax_policy, OFFLINE_ENV, 2, seed=5)
+        for runtime in ("onnxruntime", "csr"):
+            onnx_result = evaluation.evaluate(load_policy(out, runtime=runtime), OFFLINE_ENV, 2, seed=5)
+            np.testing.assert_allclose(onnx_result.returns, jax_result.returns, rtol=1e-3)
+
+
+def test_csr_runtime_matches_hand_computed_sparse_products():
+    """relu(x · W1 + b1) · W2 with W1 90% zeros (CSR) and W2 dense; and an int8 product in int32."""
+    from qrl.deploy.csr_runtime import CsrProgram
+
+    w1 = np.zeros((4, 10), np.float32)
+    w1[0, 1], w1[2, 5], w1[3, 9], w1[1, 0] = 2.0, -1.0, 0.5, 3.0  # 4 of 40 kept.
+    b1 = np.arange(10, dtype=np.float32) * 0.1
+    w2 = np.ones((10, 2), np.float32)
+
+    model = to_onnx(lambda x: jax.nn.relu(x @ w1 + b1) @ w2, (4,), ["y"])
+    assert len(model.graph.sparse_initializer) == 1
+    program = CsrProgram(model)
+    assert program.sparse_kernels == 1
+    x = np.array([[1.0, 1.0, 1.0, 1.0], [0.0, -2.0, 4.0, 0.0]], np.float32)
+    hidden = np.maximum(0.0, np.array([[3.0, 2.0, 0, 0, 0, -1.0, 0, 0, 0, 0.5],
+                                       [-6.0, 0.0, 0, 0, 0, -4.0, 0, 0, 0, 0.0]], np.float32) + b1)
+    (y,) = program.run(["y"], {"observation": x})
+    np.testing.assert_allclose(y, hidden @ w2, rtol=1e-6)
+
+    kernel = np.zeros((3, 8), np.int8)
+    kernel[0, 0], kernel[2, 7] = 127, -128
+
+    def integer(x):
+        q = jnp.clip(jnp.round(x), -128, 127).astype(jnp.int8)
+        return jax.lax.dot_general(q, jnp.asarray(kernel), (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+
+    program = CsrProgram(to_onnx(integer, (3,), ["y"]))
+    assert program.sparse_kernels == 1
+    (y,) = program.run(["y"], {"observation": np.array([[127.0, 5.0, -128.0]], np.float32)})
+    expected = np.zeros((1, 8), np.int32)
+    expected[0, 0], expected[0, 7] = 127 * 127, -128 * -128
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y, expected)
+
+
+def test_csr_runtime_names_what_it_cannot_run(tmp_path):
+    from qrl.deploy.csr_runtime import CsrProgram
+
+    kernel = np.ones((3, 3, 1, 2), np.float32)
+    model = to_onnx(lambda x: jax.lax.conv_general_dilated(x, kernel, (1, 1), "VALID",
+                                                           dimension_numbers=("NHWC", "HWIO", "NHWC")), (5, 5, 1), ["y"])
+    with pytest.raises(QrlInputError, match="'Conv'"):
+        CsrProgram(model)
+    with pytest.raises(QrlInputError, match="unknown policy runtime 'tvm'"):
+        load_policy(_exported(tmp_path), runtime="tvm")

@@ -91,17 +91,20 @@ class _Graph:
         return self._batch_size
 
     def shape(self, dims: Sequence[Any], batch_symbol: Any) -> str:
-        """A shape tensor `[rank]` int64 for `dims`, whose symbolic entries must be the batch."""
+        """A shape tensor `[rank]` int64 for `dims`, whose symbolic entries must be whole
+        multiples of the batch (`k * batch`: k candidates per state, say)."""
         if all(isinstance(dim, (int, np.integer)) for dim in dims):
             return self.const(np.asarray(dims, np.int64), "shape")
         pieces = []
         for dim in dims:
             if isinstance(dim, (int, np.integer)):
                 pieces.append(self.const(np.array([dim], np.int64), "dim"))
-            elif dim == batch_symbol:
-                pieces.append(self.batch_size())
-            else:
+                continue
+            multiple = dim // batch_symbol
+            if not isinstance(multiple, (int, np.integer)) or dim != multiple * batch_symbol:
                 raise QrlInputError(f"the policy's graph uses a shape {dims} the ONNX export cannot express")
+            batch = self.batch_size()
+            pieces.append(batch if multiple == 1 else self.node("Mul", [batch, self.const(np.array([multiple], np.int64))]))
         return self.node("Concat", pieces, "shape", axis=0)
 
 
@@ -304,20 +307,25 @@ def _split(t: _Translator, eqn) -> list:
 
 
 def _gather(t: _Translator, eqn) -> str:
-    """A gather that is a static slice (what `x[..., a:b]` traces to with a symbolic batch):
-    constant start indices `[k]`, no collapsed or batching dimensions; as ONNX Slice."""
+    """A gather that is a static slice (what `x[..., a:b]` and `x[..., i]` trace to with a
+    symbolic batch): constant start indices `[k]`, no batching dimensions; as ONNX Slice, then
+    Squeeze of the indexed-away axes."""
     numbers = eqn.params["dimension_numbers"]
     operand, indices = eqn.invars
     constant, starts = t.read(indices)
     rank = operand.aval.ndim
-    static_slice = (constant and np.ndim(starts) == 1 and tuple(numbers.offset_dims) == tuple(range(rank))
-                    and not numbers.collapsed_slice_dims and not numbers.operand_batching_dims)
+    collapsed = tuple(int(axis) for axis in numbers.collapsed_slice_dims)
+    static_slice = (constant and np.ndim(starts) == 1 and not numbers.operand_batching_dims
+                    and tuple(numbers.offset_dims) == tuple(range(rank - len(collapsed))))
     if not static_slice:
         raise QrlInputError("the policy uses a gather other than a static slice, which the ONNX export does not support")
     axes = np.asarray(numbers.start_index_map, np.int64)
     begin = np.asarray(starts, np.int64)
     end = begin + np.asarray([eqn.params["slice_sizes"][axis] for axis in axes], np.int64)
-    return t.graph.node("Slice", [t.name_of(operand), t.graph.const(begin), t.graph.const(end), t.graph.const(axes)])
+    sliced = t.graph.node("Slice", [t.name_of(operand), t.graph.const(begin), t.graph.const(end), t.graph.const(axes)])
+    if not collapsed:
+        return sliced
+    return t.graph.node("Squeeze", [sliced, t.graph.const(np.asarray(collapsed, np.int64), "axes")])
 
 
 def _operand(t: _Translator, atom, dtype) -> str:
@@ -340,32 +348,50 @@ def _unsigned_activations(t: _Translator, atom) -> tuple[str, str]:
     return t.graph.node("Cast", [shifted], to=TensorProto.UINT8), t.graph.const(np.asarray(128, np.uint8), "zero_point")
 
 
-def _matmul_integer(t: _Translator, lhs, rhs) -> str:
-    unsigned, zero_point = _unsigned_activations(t, lhs)
-    return t.graph.node("MatMulInteger", [unsigned, t.name_of(rhs), zero_point])
-
-
 def _dot_general(t: _Translator, eqn) -> str:
-    """`x [..., K] · w [K, N]` as MatMul (float operands, computed in the accumulation type, as
-    XLA does for bf16/fp16 operands with a float32 result) or MatMulInteger (int8 operands,
-    int32 accumulation)."""
+    """`x [..., K] · w` contracting x's last axis with one axis of w, as MatMul (float operands,
+    computed in the accumulation type, as XLA does for bf16/fp16 operands with a float32 result)
+    or MatMulInteger (int8 operands, int32 accumulation). A kernel `[K, N]` is used as it is;
+    `[N, K]` (x · wᵀ) or a stacked `[C, K, N]` (an ensemble's) is rearranged at export time into
+    `[K, C·N]` and the product reshaped to `[..., C, N]`; `[C, M, K] · [C, K, N]` with the
+    leading axes batched (a vmapped ensemble) is a batched MatMul."""
     (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
     lhs, rhs = eqn.invars
     result_dtype = np.dtype(eqn.outvars[0].aval.dtype)
-    plain = (not lhs_batch and not rhs_batch and tuple(lhs_contract) == (lhs.aval.ndim - 1,)
-             and tuple(rhs_contract) == (0,) and rhs.aval.ndim == 2)
-    if not plain:
-        raise QrlInputError(f"the policy uses a dot_general with dimension numbers {eqn.params['dimension_numbers']}, "
-                            "which the ONNX export does not support")
+    rhs_constant, rhs_value = t.read(rhs)
+    leading = tuple(range(len(lhs_batch)))
+    stacked = (bool(lhs_batch) and tuple(lhs_batch) == tuple(rhs_batch) == leading and lhs.aval.ndim == rhs.aval.ndim == len(leading) + 2
+               and tuple(lhs_contract) == (lhs.aval.ndim - 1,) and tuple(rhs_contract) == (rhs.aval.ndim - 2,))
+    supported = stacked or (not lhs_batch and not rhs_batch and tuple(lhs_contract) == (lhs.aval.ndim - 1,)
+                            and len(rhs_contract) == 1 and (rhs.aval.ndim == 2 or rhs_constant))
+    if not supported:
+        raise QrlInputError(f"the policy uses a dot_general of {lhs.aval.str_short()} and {rhs.aval.str_short()} with "
+                            f"dimension numbers {eqn.params['dimension_numbers']}, which the ONNX export does not support")
     operand_dtypes = {np.dtype(lhs.aval.dtype), np.dtype(rhs.aval.dtype)}
-    if operand_dtypes <= set(_INTEGER_KERNEL_DTYPES):
-        if result_dtype != np.int32:
-            raise QrlInputError(f"the policy multiplies int8 operands into {result_dtype}; the ONNX export needs int32")
-        return _matmul_integer(t, lhs, rhs)
-    if not np.issubdtype(result_dtype, np.floating):
+    integer = operand_dtypes <= set(_INTEGER_KERNEL_DTYPES)
+    if integer and result_dtype != np.int32:
+        raise QrlInputError(f"the policy multiplies int8 operands into {result_dtype}; the ONNX export needs int32")
+    if not integer and not np.issubdtype(result_dtype, np.floating):
         raise QrlInputError(f"the policy uses an integer matrix product of {sorted(map(str, operand_dtypes))}, "
                             "which the ONNX export does not support")
-    return t.graph.node("MatMul", [_operand(t, lhs, result_dtype), _operand(t, rhs, result_dtype)])
+    kernel_dtype = rhs.aval.dtype if integer else result_dtype
+    (axis,) = rhs_contract
+    if stacked:  # [C, M, K] · [C, K, N] -> [C, M, N]: ONNX's matrix products batch leading axes as numpy does.
+        kernel = _operand(t, rhs, kernel_dtype)
+    elif rhs_constant:
+        value = np.moveaxis(np.asarray(rhs_value), axis, 0)
+        kernel = t.graph.const(value.reshape(value.shape[0], -1).astype(kernel_dtype), "kernel")
+    else:
+        kernel = _operand(t, rhs, kernel_dtype)
+        kernel = kernel if axis == 0 else t.graph.node("Transpose", [kernel], perm=[1, 0])
+    if integer:
+        unsigned, zero_point = _unsigned_activations(t, lhs)
+        product = t.graph.node("MatMulInteger", [unsigned, kernel, zero_point])
+    else:
+        product = t.graph.node("MatMul", [_operand(t, lhs, result_dtype), kernel])
+    if stacked or rhs.aval.ndim == 2:
+        return product
+    return t.graph.node("Reshape", [product, t.graph.shape(eqn.outvars[0].aval.shape, t.batch_symbol)])
 
 
 def _conv(t: _Translator, eqn) -> str:
@@ -517,6 +543,34 @@ def _remove_dead_nodes(graph: _Graph, output_names: Sequence[str]) -> None:
     graph.initializers[:] = [tensor for tensor in graph.initializers if tensor.name in needed]
 
 
+_SPARSE_INDEX_BYTES = 8  # ONNX sparse tensors index their values with int64 (linearized) positions.
+_WEIGHT_CONSUMERS = {"MatMul": 1, "MatMulInteger": 1}
+
+
+def _sparse_initializers(graph: _Graph) -> list:
+    """Moves every matrix-product kernel that is smaller on disk as a sparse tensor (kept values
+    plus int64 positions: at a density under 1/3 for float32, 1/9 for int8) out of the dense
+    initializers; returns them as ONNX `SparseTensorProto`s. A pruned policy's file shrinks with
+    its sparsity; a runtime reading it gets the same dense kernel back."""
+    kernels = {node.input[index] for node in graph.nodes for op, index in _WEIGHT_CONSUMERS.items()
+               if node.op_type == op and len(node.input) > index}
+    sparse, dense = [], []
+    for tensor in graph.initializers:
+        value = numpy_helper.to_array(tensor) if tensor.name in kernels else None
+        if value is None or value.ndim != 2:
+            dense.append(tensor)
+            continue
+        positions = np.flatnonzero(value)
+        if positions.size * (value.itemsize + _SPARSE_INDEX_BYTES) >= value.nbytes:
+            dense.append(tensor)
+            continue
+        sparse.append(helper.make_sparse_tensor(numpy_helper.from_array(value.reshape(-1)[positions], tensor.name),
+                                                numpy_helper.from_array(positions.astype(np.int64), f"{tensor.name}_positions"),
+                                                list(value.shape)))
+    graph.initializers[:] = dense
+    return sparse
+
+
 def to_onnx(
     fn: Callable[[jax.Array], Any],
     observation_shape: Sequence[int],
@@ -527,7 +581,8 @@ def to_onnx(
 ) -> onnx.ModelProto:
     """The ONNX model of `fn(observations [B, *observation_shape]) -> output or tuple of outputs`
     (named `output_names`), the batch B symbolic. Closed-over arrays become initializers, after
-    folding every operation on constants alone. The model is checked by `onnx.checker`."""
+    folding every operation on constants alone; mostly-zero (pruned) kernels become sparse
+    initializers. The model is checked by `onnx.checker`."""
     (batch_symbol,) = jax.export.symbolic_shape(BATCH)
     spec = jax.ShapeDtypeStruct((batch_symbol, *observation_shape), observation_dtype)
     closed = jax.make_jaxpr(fn)(spec)
@@ -546,9 +601,21 @@ def to_onnx(
                                                 [BATCH, *map(int, observation_shape)])
     _fuse_quantize_linear(graph)
     _remove_dead_nodes(graph, output_names)
-    onnx_graph = helper.make_graph(graph.nodes, "qrl_policy", [graph_input], graph_outputs, graph.initializers)
-    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="qrl", doc_string=doc)
-    model.ir_version = 10
-    onnx.checker.check_model(model, full_check=True)
+
+    def model_of(sparse_initializers):
+        onnx_graph = helper.make_graph(graph.nodes, "qrl_policy", [graph_input], graph_outputs, graph.initializers,
+                                       sparse_initializer=sparse_initializers)
+        model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                  producer_name="qrl", doc_string=doc)
+        model.ir_version = 10
+        return model
+
+    # Shape inference types sparse initializers as sparse tensors, which MatMul's inference
+    # rejects: the graph is checked in full with dense kernels, then structurally with sparse ones.
+    onnx.checker.check_model(model_of([]), full_check=True)
+    sparse = _sparse_initializers(graph)
+    if not sparse:
+        return model_of([])
+    model = model_of(sparse)
+    onnx.checker.check_model(model)
     return model

@@ -3,8 +3,10 @@
     policy = load_policy("policy.onnx")            # reads policy.onnx.json beside it
     actions = policy(observations)                 # [B, ...] float32 -> environment actions [B, ...]
     action = policy.act(observation)               # one observation, no batch axis
+    pruned = load_policy("pruned.onnx", runtime="csr")   # pruned kernels as scipy CSR products
 
-Nothing of JAX is imported here: a robot or an actor process needs numpy and onnxruntime only.
+Nothing of JAX is imported here: a robot or an actor process needs numpy and onnxruntime only
+(and scipy for the CSR runtime).
 The sidecar is checked (format, version, the model's SHA-256) before the model is parsed, and the
 model's input and outputs against the sidecar; any mismatch is a one-line `QrlInputError`.
 """
@@ -71,33 +73,58 @@ def session_from_bytes(data: bytes, threads: int = 1, providers: Optional[list] 
     return onnxruntime.InferenceSession(data, options, providers=providers or ["CPUExecutionProvider"])
 
 
-class OnnxPolicy:
-    """An exported policy in an ONNX Runtime session (`threads` intra-op threads; 1 by default,
-    as an actor or a robot's control loop runs it)."""
+RUNTIMES = ("onnxruntime", "csr")
 
-    def __init__(self, model_path: str, threads: int = 1, providers: Optional[list] = None):
+
+class OnnxPolicy:
+    """An exported policy run by ONNX Runtime (`runtime="onnxruntime"`, `threads` intra-op
+    threads; 1 by default, as an actor or a robot's control loop runs it) or by qrl's numpy/scipy
+    interpreter whose pruned kernels run as CSR products (`runtime="csr"`:
+    `qrl.deploy.csr_runtime`, faster for wide pruned policies; MLPs only)."""
+
+    def __init__(self, model_path: str, threads: int = 1, providers: Optional[list] = None,
+                 runtime: str = "onnxruntime"):
+        if runtime not in RUNTIMES:
+            raise QrlInputError(f"unknown policy runtime {runtime!r}; known: {', '.join(RUNTIMES)}")
         if not os.path.isfile(model_path):
             raise QrlInputError(f"policy model {model_path} does not exist")
         self.sidecar = _read_sidecar(model_path)
+        self.runtime = runtime
         with open(model_path, "rb") as handle:
             data = handle.read()
         if hashlib.sha256(data).hexdigest() != self.sidecar["model_sha256"]:
             raise QrlInputError(f"{model_path} does not match its sidecar's SHA-256: the model is corrupted or foreign")
-        try:
-            self.session = session_from_bytes(data, threads, providers)
-        except Exception as error:  # ONNX Runtime raises its own exception types for malformed models.
-            raise QrlInputError(f"{model_path} is not a model ONNX Runtime can run: {str(error).splitlines()[0]}") from error
-        inputs = self.session.get_inputs()
-        outputs = [output.name for output in self.session.get_outputs()]
-        if len(inputs) != 1 or outputs != self.sidecar["outputs"]:
+        if runtime == "csr":
+            input_names, outputs = self._load_csr(model_path, data)
+        else:
+            try:
+                self.session = session_from_bytes(data, threads, providers)
+            except Exception as error:  # ONNX Runtime raises its own exception types for malformed models.
+                raise QrlInputError(f"{model_path} is not a model ONNX Runtime can run: {str(error).splitlines()[0]}") from error
+            input_names = [value.name for value in self.session.get_inputs()]
+            outputs = [output.name for output in self.session.get_outputs()]
+        if len(input_names) != 1 or outputs != self.sidecar["outputs"]:
             raise QrlInputError(f"{model_path}: its inputs/outputs do not match the sidecar's {self.sidecar['outputs']}")
-        self.input_name = inputs[0].name
+        self.input_name = input_names[0]
         self.observation_shape = tuple(self.sidecar["observation"]["shape"])
         normalization = self.sidecar["observation"].get("normalization")
         self._mean = self._std = None
         if normalization is not None:
             self._mean = np.asarray(normalization["mean"], np.float32)
             self._std = np.asarray(normalization["std"], np.float32)
+
+    def _load_csr(self, model_path: str, data: bytes) -> tuple[list, list]:
+        import onnx
+
+        from qrl.deploy.csr_runtime import CsrProgram
+
+        try:
+            model = onnx.load_from_string(data)
+            onnx.checker.check_model(model)
+        except Exception as error:  # the onnx package raises its own exception types for malformed models.
+            raise QrlInputError(f"{model_path} is not a valid ONNX model: {str(error).splitlines()[0]}") from error
+        self.session = CsrProgram(model)
+        return self.session.input_names, self.session.output_names
 
     @property
     def precision(self) -> str:
@@ -113,7 +140,7 @@ class OnnxPolicy:
 
     def outputs(self, observations: Any) -> tuple[np.ndarray, np.ndarray]:
         """(actions [B, ...], network outputs [B, ...]) of observations [B, *shape]."""
-        actions, outputs = self.session.run(None, {self.input_name: self._prepare(observations)})
+        actions, outputs = self.session.run(["action", "outputs"], {self.input_name: self._prepare(observations)})
         return actions, outputs
 
     def __call__(self, observations: Any) -> np.ndarray:
@@ -125,6 +152,7 @@ class OnnxPolicy:
         return self(np.asarray(observation, np.float32)[None])[0]
 
 
-def load_policy(model_path: str, threads: int = 1) -> OnnxPolicy:
-    """An `OnnxPolicy` for the exported model at `model_path` and its sidecar."""
-    return OnnxPolicy(model_path, threads=threads)
+def load_policy(model_path: str, threads: int = 1, runtime: str = "onnxruntime") -> OnnxPolicy:
+    """An `OnnxPolicy` for the exported model at `model_path` and its sidecar, run by `runtime`
+    (`RUNTIMES`)."""
+    return OnnxPolicy(model_path, threads=threads, runtime=runtime)
