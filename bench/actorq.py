@@ -12,12 +12,15 @@ int8 weight updates reach an actor faster.
    `stats()`. Precisions alternate round by round (the first round is a warm-up that also sizes
    N so the slowest precision's run lasts about `--round_seconds`); medians over rounds. Phase
    fractions of the run: env_step, inference (policy call + exploration), insert (replay
-   hand-off) and other (n-step accumulation, bookkeeping). Target: int8 ≥ 1.5× fp32 in at
-   least one configuration.
+   hand-off) and other (n-step accumulation, bookkeeping). `fp32@onnx` and `int8@onnx` are the
+   same actors with `runtime="onnx"` (ONNX Runtime runs the policy). Target: int8 ≥ 1.5× fp32
+   in at least one configuration.
 2. Bytes per publish per comm precision and their ratio to fp32 (every blob carries what the
    default scheme needs of the calibrated ranges, as the learner ships them). Target: int8 ≤ 0.26× fp32.
 3. Seconds per weight update at an actor, pull + deserialize + load (`weights.decode`,
-   `weights.load`, `jax.device_put`, as `Actor._load` does), per comm → actor precision pair, in
+   `weights.load`, then `jax.device_put` — or, for an actor whose policy ONNX Runtime runs
+   (`(onnx)` rows), the update's parameter-only part and the session's feeds — as `Actor._load`
+   does), per comm → actor precision pair, in
    process (the broadcaster object in this process) and through Ray (one broadcaster Ray actor
    per comm variant, pulled with a blocking call). Timed round-robin (`bench.timing`); medians,
    stage medians and the speedup over fp32 → fp32 (fp32 → int8 shows an int8 actor quantizing
@@ -50,6 +53,12 @@ COMM_VARIANTS = ("fp32", "fp16", "bf16", "int8", "int8+zlib")
 # (comm variant, actor precision) pairs of the update-time table; fp32 -> fp32 is the reference,
 # fp32 -> int8 is an int8 actor quantizing each update itself instead of the learner doing it once.
 PULL_PAIRS = (("fp32", "fp32"), ("bf16", "bf16"), ("int8", "int8"), ("int8+zlib", "int8"), ("fp32", "int8"))
+# Actors whose policy ONNX Runtime runs (`--actor_runtime=onnx`): candidates `<precision>@onnx`
+# in the steps/s table, and `<comm> -> <actor> (onnx)` update pairs, whose load is feeding the
+# session the update's arrays (its parameter-only part computed once) instead of a device_put.
+ONNX_PRECISIONS = ("fp32", "int8")
+ONNX_PULL_PAIRS = (("fp32", "fp32"), ("int8", "int8"))
+ONNX_SUFFIX = "@onnx"
 REPLAY_CAPACITY = 100_000
 MIN_MEASURED_BATCHED_STEPS = 5
 
@@ -145,6 +154,7 @@ class Prepared:
     agent: object
     params: dict
     ranges: dict
+    observation_spec: object
 
 
 def random_actions(action_spec, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -171,7 +181,8 @@ def prepare(config: ActorConfig) -> Prepared:
 
     factory = AgentFactory(config.agent, config.env_id, dict(config.overrides))
     vector_env = envs.make_vector(config.env_id, 1, 0)
-    agent = factory(vector_env.observation_spec(), vector_env.action_spec())
+    observation_spec = vector_env.observation_spec()
+    agent = factory(observation_spec, vector_env.action_spec())
     state = agent.init(jax.random.PRNGKey(0))
     params = serialization.to_state_dict(jax.device_get(agent.policy_params(state)))
     rng = np.random.default_rng(0)
@@ -180,7 +191,7 @@ def prepare(config: ActorConfig) -> Prepared:
         observations.append(vector_env.step(random_actions(vector_env.action_spec(), 1, rng)).observation)
     vector_env.close()
     ranges = calibrate(agent.policy_network(FP32).apply, params, np.concatenate(observations))
-    return Prepared(config, factory, agent, params, ranges)
+    return Prepared(config, factory, agent, params, ranges, observation_spec)
 
 
 def encode_variant(prepared: Prepared, variant: str) -> bytes:
@@ -194,9 +205,10 @@ def encode_variant(prepared: Prepared, variant: str) -> bytes:
 # ----- 1. actor env steps/s ----------------------------------------------------------------------
 
 
-def actor_run(prepared: Prepared, precision: str, blob: bytes, steps: int,
+def actor_run(prepared: Prepared, candidate: str, blob: bytes, steps: int,
               executor: concurrent.futures.Executor) -> dict:
-    """One fresh `Actor` run of `steps` env steps: steps/s and phase fractions of the run."""
+    """One fresh `Actor` run of `steps` env steps (`candidate`: a precision, `@onnx` for the
+    ONNX Runtime policy): steps/s and phase fractions of the run."""
     from qrl.distributed.actor import Actor
     from qrl.distributed.broadcaster import Broadcaster
     from qrl.distributed.counting import Counter
@@ -205,6 +217,7 @@ def actor_run(prepared: Prepared, precision: str, blob: bytes, steps: int,
     from qrl.distributed.replay import ReplayServer
 
     config = prepared.config
+    precision, _, runtime = candidate.partition("@")
     broadcaster = Broadcaster()
     broadcaster.publish(0, blob)
     replay = ReplayServer(REPLAY_CAPACITY, MinSize(1))
@@ -213,7 +226,7 @@ def actor_run(prepared: Prepared, precision: str, blob: bytes, steps: int,
         num_envs=config.num_envs, seed=0, actor_precision=precision,
         noise_scale=prepared.agent.exploration_range[0], replay=LocalHandle(replay, executor),
         broadcaster=LocalHandle(broadcaster, executor), counter=LocalHandle(Counter(), executor),
-        max_steps=steps,
+        max_steps=steps, runtime=runtime or "jax",
     )
     actor.update(wait=True)  # first weights: decode, load and compile before the timed run
     before = actor.stats()["seconds"]
@@ -240,14 +253,15 @@ def actor_run(prepared: Prepared, precision: str, blob: bytes, steps: int,
 def measure_actor_config(prepared: Prepared, args, executor) -> dict:
     """Warm-up round (sizes N), then `args.rounds` alternating rounds; medians per precision."""
     config = prepared.config
-    blobs = {precision: encode_variant(prepared, precision) for precision in config.precisions}
+    candidates = [*config.precisions, *(precision + ONNX_SUFFIX for precision in ONNX_PRECISIONS)]
+    blobs = {candidate: encode_variant(prepared, candidate.partition("@")[0]) for candidate in candidates}
     warmup_steps = max(256, 16 * config.num_envs)
-    rates = {precision: actor_run(prepared, precision, blobs[precision], warmup_steps, executor)["steps_per_second"]
-             for precision in config.precisions}
+    rates = {candidate: actor_run(prepared, candidate, blobs[candidate], warmup_steps, executor)["steps_per_second"]
+             for candidate in candidates}
     batches = max(MIN_MEASURED_BATCHED_STEPS, math.ceil(args.round_seconds * min(rates.values()) / config.num_envs))
     steps = batches * config.num_envs
-    runs = {precision: [] for precision in config.precisions}
-    names = list(config.precisions)
+    runs = {candidate: [] for candidate in candidates}
+    names = list(candidates)
     for round_index in range(args.rounds):
         shift = round_index % len(names)
         for precision in names[shift:] + names[:shift]:
@@ -271,7 +285,7 @@ def format_actor_config(result: dict) -> list[str]:
     for precision, values in result["precisions"].items():
         fractions = values["fractions"]
         lines.append(
-            f"    {precision:5s} {values['steps_per_second']:10.0f} steps/s   env {fractions['env_step']:.2f}  "
+            f"    {precision:10s} {values['steps_per_second']:10.0f} steps/s   env {fractions['env_step']:.2f}  "
             f"inference {fractions['inference']:.2f}  insert {fractions['insert']:.2f}  other {fractions['other']:.2f}"
         )
     lines.append("    ratios: " + "  ".join(f"{precision}/fp32 {ratio:.2f}×"
@@ -298,16 +312,16 @@ def format_bytes(label: str, result: dict) -> str:
 
 class UpdateCall:
     """One update as `Actor._load` does it after a pull: decode, load at the actor precision,
-    device_put; records the seconds of each stage per call."""
+    then hand the arrays to the policy's runtime (`backend.prepare`: a device_put for JAX, the
+    parameter-only part and the session's feeds for ONNX Runtime); records each stage's seconds."""
 
-    def __init__(self, pull: Callable[[], tuple], actor_precision: str):
+    def __init__(self, pull: Callable[[], tuple], actor_precision: str, backend):
         self._pull = pull
         self._actor_precision = actor_precision
+        self._backend = backend
         self.stages = {"pull": [], "deserialize": [], "load": []}
 
     def __call__(self) -> None:
-        import jax
-
         from qrl.distributed import weights
 
         start = time.perf_counter()
@@ -315,16 +329,35 @@ class UpdateCall:
         pulled = time.perf_counter()
         message = weights.decode(blob)
         decoded = time.perf_counter()
-        jax.block_until_ready(jax.device_put(weights.load(message, self._actor_precision)))
+        self._backend.prepare(weights.load(message, self._actor_precision))
         loaded = time.perf_counter()
         self.stages["pull"].append(pulled - start)
         self.stages["deserialize"].append(decoded - pulled)
         self.stages["load"].append(loaded - decoded)
 
 
-def measure_updates(pulls: dict, args) -> dict:
-    """`pulls`: (comm variant, actor precision) -> a pull callable. Medians in ms and speedups."""
-    calls = {f"{variant} -> {actor}": UpdateCall(pull, actor) for (variant, actor), pull in pulls.items()}
+def update_backends(prepared: Prepared) -> dict:
+    """(actor precision, runtime) -> the policy backend an actor of that kind loads updates into."""
+    from qrl.deploy.live import policy_backend
+    from qrl.distributed import weights
+
+    spec = prepared.observation_spec
+    backends = {}
+    pairs = [(variant, actor, "jax") for variant, actor in PULL_PAIRS]
+    pairs += [(variant, actor, "onnx") for variant, actor in ONNX_PULL_PAIRS]
+    for variant, actor, runtime in pairs:
+        if (actor, runtime) not in backends:
+            message = weights.decode(encode_variant(prepared, variant))
+            template = weights.load(message, actor)
+            policy = prepared.agent.policy(weights.actor_network_precision(actor, message.int8_scheme))
+            backends[(actor, runtime)] = policy_backend(runtime, policy, template, spec.shape, spec.dtype)
+    return backends
+
+
+def measure_updates(pulls: dict, args, backends: dict) -> dict:
+    """`pulls`: (comm variant, actor precision, runtime) -> a pull callable. Medians in ms and speedups."""
+    calls = {f"{variant} -> {actor}" + ("" if runtime == "jax" else f" ({runtime})"):
+             UpdateCall(pull, actor, backends[(actor, runtime)]) for (variant, actor, runtime), pull in pulls.items()}
     medians = interleaved_medians(calls, args.pull_rounds, args.pull_round_seconds, max_calls=200)
     result = {}
     for name, call in calls.items():
@@ -343,7 +376,7 @@ def format_updates(label: str, result: dict) -> list[str]:
     for name, values in result.items():
         stages = values["stages_ms"]
         lines.append(
-            f"    {name:18s} {values['ms']:8.3f} ms  (pull {stages['pull']:.3f}, deserialize {stages['deserialize']:.3f},"
+            f"    {name:25s} {values['ms']:8.3f} ms  (pull {stages['pull']:.3f}, deserialize {stages['deserialize']:.3f},"
             f" load {stages['load']:.3f})  speedup vs fp32 -> fp32 {values['speedup_vs_fp32']:.2f}×"
         )
     return lines
@@ -353,10 +386,12 @@ def in_process_pulls(prepared: Prepared) -> dict:
     from qrl.distributed.broadcaster import Broadcaster
 
     pulls = {}
-    for variant, actor in PULL_PAIRS:
+    pairs = [(variant, actor, "jax") for variant, actor in PULL_PAIRS]
+    pairs += [(variant, actor, "onnx") for variant, actor in ONNX_PULL_PAIRS]
+    for variant, actor, runtime in pairs:
         broadcaster = Broadcaster()
         broadcaster.publish(0, encode_variant(prepared, variant))
-        pulls[(variant, actor)] = lambda broadcaster=broadcaster: broadcaster.pull(-1)
+        pulls[(variant, actor, runtime)] = lambda broadcaster=broadcaster: broadcaster.pull(-1)
     return pulls
 
 
@@ -378,9 +413,11 @@ def measure_ray_updates(nets: list[tuple[str, Prepared]], args) -> dict:
         for version, (label, prepared) in enumerate(nets):
             for variant in variants:
                 handles[variant].call("publish", version, encode_variant(prepared, variant))
-            pulls = {(variant, actor): (lambda handle=handles[variant]: handle.call("pull", -1))
+            pulls = {(variant, actor, "jax"): (lambda handle=handles[variant]: handle.call("pull", -1))
                      for variant, actor in PULL_PAIRS}
-            results[label] = measure_updates(pulls, args)
+            pulls.update({(variant, actor, "onnx"): (lambda handle=handles[variant]: handle.call("pull", -1))
+                          for variant, actor in ONNX_PULL_PAIRS})
+            results[label] = measure_updates(pulls, args, update_backends(prepared))
         return {"startup_seconds": startup, "nets": results}
     finally:
         backend.shutdown()
@@ -460,7 +497,7 @@ def main(argv=None) -> None:
     print("  in process (broadcaster object in this process)", flush=True)
     results["in_process"] = {"nets": {}}
     for label, prepared in nets:
-        result = measure_updates(in_process_pulls(prepared), args)
+        result = measure_updates(in_process_pulls(prepared), args, update_backends(prepared))
         results["in_process"]["nets"][label] = result
         print("\n".join("  " + line for line in format_updates(label, result)), flush=True)
     if args.ray:

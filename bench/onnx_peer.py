@@ -261,11 +261,14 @@ def main(argv=None) -> None:
         default=1,
         help="intra-op threads per session (0: ORT's default, one per core, which was slower and erratic here)",
     )
+    parser.add_argument("--single_calls", type=int, default=400,
+                        help="with --models: single batch-1 calls per model for p50/p99")
     parser.add_argument("--no_ort", action="store_true", help="numpy only (onnxruntime not needed)")
     args = parser.parse_args(argv)
     batches = [int(batch) for batch in args.batches.split(",") if batch.strip()]
     if args.models:
-        json.dump(time_exported_models(args.models, batches, args.rounds, args.round_seconds, args.ort_threads), sys.stdout)
+        json.dump(time_exported_models(args.models, batches, args.rounds, args.round_seconds, args.ort_threads,
+                                       args.single_calls), sys.stdout)
         sys.stdout.write("\n")
         return
     if not args.weights:

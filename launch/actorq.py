@@ -38,6 +38,8 @@ flags.DEFINE_string("workdir", None, "Directory for everything the run writes (r
 flags.DEFINE_integer("num_actors", _DEFAULTS.num_actors, "Actors (each its own process under --launcher=ray).")
 flags.DEFINE_integer("envs_per_actor", _DEFAULTS.envs_per_actor, "Environments each actor steps with one batched policy call.")
 flags.DEFINE_string("actor_precision", _DEFAULTS.actor_precision, "Actors' policy precision: fp32, bf16, fp16 or int8.")
+flags.DEFINE_string("actor_runtime", _DEFAULTS.actor_runtime,
+                    "What runs the actors' policy: jax (jitted) or onnx (ONNX Runtime, fed each weight update).")
 flags.DEFINE_string("comm_precision", None,
                     "Precision of weight publishes: fp32, fp16, bf16 or int8 (default: the actors' own; fp32 for fp32 actors).")
 flags.DEFINE_bool("compress", _DEFAULTS.compress, "zlib-compress every weight publish.")
@@ -80,6 +82,7 @@ def config_from_flags() -> ActorQConfig:
     return ActorQConfig(
         agent=FLAGS.agent, env=FLAGS.env, seed=FLAGS.seed, num_actors=FLAGS.num_actors,
         envs_per_actor=FLAGS.envs_per_actor, actor_precision=FLAGS.actor_precision.strip().lower(),
+        actor_runtime=FLAGS.actor_runtime.strip().lower(),
         comm_precision=FLAGS.comm_precision.strip().lower() if FLAGS.comm_precision else None,
         compress=FLAGS.compress, actor_int8_scheme=FLAGS.actor_int8_scheme.strip().lower(),
         actor_update_period=FLAGS.actor_update_period, sync_pull=FLAGS.sync_pull, publish_period=FLAGS.publish_period,

@@ -15,7 +15,10 @@ Values are float32, or int8 with qrl's per-output-channel scales (`qrl.quant.ptq
 on the masked params), so `densify` returns exactly the masked fp32 params or exactly the dense
 int8 params: the policy's outputs equal the masked dense policy's (fp32) or the dense int8 path's.
 Inference densifies: at these layer sizes (hundreds of units, batch 1–256) XLA's dense matmul
-beats its sparse kernels on CPU, and the savings are in storage and transfer.
+beats its sparse kernels on CPU, and the savings are in storage and transfer. An exported pruned
+policy (`launch.export`) can run its kernels as CSR products instead
+(`qrl.deploy.csr_runtime`), which pays at batch 1 for wide layers (2048 units: 0.26× the dense
+time, `bench/inference.py`), not for layers of a few hundred units.
 
 The pruning paper stored PyTorch sparse COO tensors: int64 coordinates per dimension plus a
 float32 value, 20 bytes per non-zero of a 2-D kernel; `pytorch_coo_bytes` counts that reference.

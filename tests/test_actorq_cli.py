@@ -65,12 +65,14 @@ def metrics_rows(workdir):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """Three runs side by side: dqn int8 (2 actors), d4pg int8, dqn fp32 with a target return."""
+    """Three runs side by side: dqn int8 (2 actors), d4pg int8 with its actor in ONNX Runtime, dqn fp32
+    with a target return."""
     root = tmp_path_factory.mktemp("actorq")
     jobs = {
         "dqn_int8": (str(root / "dqn_int8"), [*DQN_INT8, "--max_learner_steps=60"]),
         "d4pg_int8": (str(root / "d4pg_int8"), [*D4PG, "--num_actors=1", "--actor_precision=int8",
-                                                "--actor_int8_scheme=int8", "--max_learner_steps=20"]),
+                                                "--actor_int8_scheme=int8", "--actor_runtime=onnx",
+                                                "--max_learner_steps=20"]),
         "fp32_target": (str(root / "fp32_target"), FP32_TARGET),
     }
     outcomes = launch_all(jobs)
@@ -145,6 +147,7 @@ def test_d4pg_int8_run_writes_everything(finished):
     assert results["stop_reason"] == "max_learner_steps" and results["counts"]["learner_steps"] >= 20
     assert results["publish"]["ratio_to_fp32"] < 0.3  # the 300-200 actor
     assert results["actor_int8_scheme"] == "int8"  # a non-default scheme: static per-feature scales
+    assert results["actor_runtime"] == "onnx" and results["config"]["actor_runtime"] == "onnx"
     assert set(results["learner_metrics"]) >= {"critic_loss", "actor_loss"}
 
 

@@ -21,13 +21,14 @@ def test_quick_benchmark_prints_ratios_and_targets(tmp_path):
     actor_section = output.split("1. actor env steps/s")[1].split("2. bytes per publish")[0]
     assert actor_section.count("ratios: bf16/fp32") == 3
     assert actor_section.count("fp16/fp32") == 2  # the two paper-size configs
-    assert actor_section.count("int8/fp32") == 3
+    assert actor_section.count("int8/fp32") == 3 and actor_section.count("int8@onnx/fp32") == 3
     assert "d4pg 300-200 dmc:cartpole-balance x1" in actor_section and "dqn 256-256 gym:CartPole-v1 x1" in actor_section
     assert "env " in actor_section and "inference " in actor_section and "other " in actor_section
     bytes_section = output.split("2. bytes per publish")[1].split("3. update at an actor")[0]
     assert "d4pg 300-200 int8/fp32 0." in bytes_section and "dqn 256-256 int8/fp32 0." in bytes_section
     update_section = output.split("3. update at an actor")[1].split("targets")[0]
-    assert update_section.count("int8 -> int8") == 3 and "speedup vs fp32 -> fp32 1.00×" in update_section
+    assert update_section.count("int8 -> int8") == 6 and update_section.count("int8 -> int8 (onnx)") == 3
+    assert "speedup vs fp32 -> fp32 1.00×" in update_section
     assert "through Ray: skipped" in update_section
     summary = output.split("\ntargets\n")[1]
     for target in ("1. actor env steps/s int8/fp32 >= 1.5×: ", "2. bytes per publish int8/fp32 <= 0.26: ",

@@ -97,6 +97,13 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
         assert "exported mlp 256-256 int8/fp32 under ORT at batch 1 <= 1.0: " in output
         assert "not measured" not in output.split("exported mlp 256-256 int8/fp32 under ORT at batch 1")[1].splitlines()[0]
         latency = results["exported"]["latency_us"]["mlp 256-256"]
-        assert set(latency) == {"fp32", "int8", "int8-dyn", "quarl_dyn8"} and all(v["1"] > 0 for v in latency.values())
+        assert set(latency) == {"fp32", "int8", "int8-dyn", "quarl_dyn8", "fp32-pruned95", "fp32-pruned95+csr",
+                                "fp32-pruned95+ell", "int8-pruned95", "int8-pruned95+csr"}
+        assert all(v["1"] > 0 for v in latency.values())
         sizes = results["exported"]["sizes"]["mlp 256-256"]
         assert sizes["int8"]["model_bytes"] < 0.35 * sizes["fp32"]["model_bytes"]
+        # 95% of every kernel pruned: kept values plus int64 positions, 12 bytes each, about 0.15× dense fp32.
+        assert sizes["fp32-pruned95"]["model_bytes"] < 0.2 * sizes["fp32"]["model_bytes"]
+        assert "exported mlp 256-256 fp32-pruned95+csr/fp32 under ORT at batch 1 <= 0.5: " in output
+        pruned = results["pruned_jax"]["latency_us"]["mlp 256-256"]
+        assert set(pruned) == {"jax dense", "jax bcsr"} and all(v["1"] > 0 for v in pruned.values())

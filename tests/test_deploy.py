@@ -189,12 +189,19 @@ def test_loading_refuses_corrupted_foreign_or_sidecarless_models(tmp_path):
         load_policy(path)(np.zeros((2, 3), np.float32))
 
 
-def test_export_cli_writes_a_model_that_acts_as_the_ptq_policy(tmp_path):
-    workdir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": REPO}
+@pytest.fixture(scope="module")
+def dqn_run(tmp_path_factory):
+    """A finished launch.train DQN run on CartPole (1,500 steps)."""
+    workdir = tmp_path_factory.mktemp("trained") / "dqn"
     subprocess.run([sys.executable, "-m", "launch.train", "--agent=dqn", "--env=gym:CartPole-v1", "--steps=1500",
                     f"--workdir={workdir}", "--eval_episodes=1", "--progress=false"],
-                   check=True, cwd=REPO, env=env, capture_output=True)
+                   check=True, cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True)
+    return workdir
+
+
+def test_export_cli_writes_a_model_that_acts_as_the_ptq_policy(dqn_run, tmp_path):
+    workdir = dqn_run
+    env = {**os.environ, "PYTHONPATH": REPO}
     out = tmp_path / "policy.onnx"
     completed = subprocess.run([sys.executable, "-m", "launch.export", f"--workdir={workdir}", "--precision=int8",
                                 f"--out={out}", "--calibration_steps=256", "--probe_steps=256"],
@@ -204,7 +211,7 @@ def test_export_cli_writes_a_model_that_acts_as_the_ptq_policy(tmp_path):
     sidecar = json.load(open(f"{out}.json"))
     assert sidecar["agent"] == "dqn" and sidecar["precision"] == "int8" and sidecar["source"]["checkpoint_step"] == 1500
     assert sidecar["agreement"]["action_agreement"] >= 0.99
-    assert sorted(os.listdir(tmp_path)) == ["policy.onnx", "policy.onnx.json", "run"]  # no temporary files left.
+    assert sorted(os.listdir(tmp_path)) == ["policy.onnx", "policy.onnx.json"]  # no temporary files left.
     policy = load_policy(str(out))
     assert policy.precision == "int8" and policy.act(np.zeros(4, np.float32)) in (0, 1)
 
@@ -367,3 +374,52 @@ def test_csr_runtime_names_what_it_cannot_run(tmp_path):
         CsrProgram(model)
     with pytest.raises(QrlInputError, match="unknown policy runtime 'tvm'"):
         load_policy(_exported(tmp_path), runtime="tvm")
+
+
+def test_edge_bench_tabulates_bytes_latency_and_return_per_format(dqn_run, offline_runs, tmp_path):
+    json_path = tmp_path / "edge.json"
+    completed = subprocess.run(
+        [sys.executable, "-m", "bench.edge", f"--runs={dqn_run},{offline_runs['bcq']}", "--schemes=fp32,int8",
+         "--episodes=2", "--single_calls=20", f"--json={json_path}"],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads(json_path.read_text())
+    rows = {(row["run"], row["scheme"], row["runtime"]): row for row in results["rows"]}
+    assert set(rows) == {("dqn", "fp32", "onnxruntime"), ("dqn", "int8", "onnxruntime"),
+                         ("bcq", "fp32", "onnxruntime"), ("bcq", "fp32", "csr")}
+    assert [(entry["run"], entry["scheme"]) for entry in results["skipped"]] == [("bcq", "int8")]
+    assert rows[("dqn", "int8", "onnxruntime")]["bytes"] < 0.35 * rows[("dqn", "fp32", "onnxruntime")]["bytes"]
+    for row in results["rows"]:
+        assert 0 < row["p50_us"] <= row["p99_us"] and np.isfinite(row["return_mean"])
+    assert rows[("dqn", "fp32", "onnxruntime")]["relative_error"] == 0.0
+    # The CSR runtime runs the same pruned policy: the same episodes, the same return.
+    assert rows[("bcq", "fp32", "csr")]["return_mean"] == pytest.approx(rows[("bcq", "fp32", "onnxruntime")]["return_mean"], rel=1e-3)
+    assert results["machine"]["cpu"] and "skipped bcq int8: bcq exports at fp32 only" in completed.stdout
+    refused = subprocess.run([sys.executable, "-m", "bench.edge", f"--runs={tmp_path / 'missing'}"],
+                             cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True)
+    assert refused.returncode == 2 and "is not a directory" in refused.stderr
+
+
+def test_parameter_only_work_moves_to_the_prepare_program():
+    """fn(p, x) = x · (w ⊙ s) + Σ b: the product and the sum run once in prepare, the graph
+    keeps one MatMul and one Add, and the model fed prepare's arrays computes fn."""
+    from qrl.deploy.onnx_graph import to_onnx_with_parameters
+    from qrl.deploy.policy import session_from_bytes
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.normal(size=(3, 2)).astype(np.float32), "s": rng.normal(size=(2,)).astype(np.float32),
+              "b": rng.normal(size=(4,)).astype(np.float32)}
+
+    def fn(p, x):
+        return x @ (p["w"] * p["s"]) + jnp.sum(p["b"])
+
+    model, prepare = to_onnx_with_parameters(fn, params, (3,), ["y"])
+    assert sorted(node.op_type for node in model.graph.node) == ["Add", "Identity", "MatMul"]
+    session = session_from_bytes(model.SerializeToString())
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    for scale in (1.0, -2.0):  # a second weight update through the same session.
+        updated = {**params, "s": params["s"] * scale}
+        feeds = prepare(updated)
+        assert len(feeds) == 2 and all(name.startswith("derived/") for name in feeds)
+        (y,) = session.run(None, {"observation": x, **feeds})
+        np.testing.assert_allclose(y, np.asarray(fn(updated, x)), rtol=1e-5, atol=1e-6)

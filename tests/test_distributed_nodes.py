@@ -448,14 +448,15 @@ def test_actor_run_inserts_consistent_n_step_transitions(cartpole_specs, pool):
             np.testing.assert_array_equal(items["next_observation"][index], items["observation"][index + 3])
 
 
-def test_actor_single_env_interface_loads_new_versions_on_update(cartpole_specs, pool):
+@pytest.mark.parametrize("runtime", ["jax", "onnx"])
+def test_actor_single_env_interface_loads_new_versions_on_update(cartpole_specs, pool, runtime):
     factory = dqn_factory()
     agent = factory(*cartpole_specs)
     params = dqn_params(agent)
     replay = ReplayServer(100, MinSize(1))
     handles, broadcaster, counter = make_nodes(pool, replay)
     broadcaster.publish(0, weights.encode(biased_head(params, [5.0, 0.0]), "fp32"))  # greedy action 0
-    actor = make_actor(factory, handles, noise_scale=0.0, update_period=3, insert_chunk=2)
+    actor = make_actor(factory, handles, noise_scale=0.0, update_period=3, insert_chunk=2, runtime=runtime)
 
     env = envs.make(CARTPOLE, seed=5)
     timestep = env.reset()
@@ -470,8 +471,10 @@ def test_actor_single_env_interface_loads_new_versions_on_update(cartpole_specs,
     actor.update()  # one step since the last pull, update_period 3: no pull
     assert actor.stats()["pulls"] == pulls and actor.stats()["version"] == 0
     assert int(actor.select_action(timestep.observation)) == 0
+    policy = actor._policy
     actor.update(wait=True)
-    assert actor.stats()["version"] == 1 and actor.stats()["loads"] == 2
+    assert actor.stats()["version"] == 1 and actor.stats()["loads"] == 2 and actor.stats()["runtime"] == runtime
+    assert actor._policy is policy  # the new weights went into the same policy: nothing was rebuilt.
     action = actor.select_action(timestep.observation)
     assert int(action) == 1
     timestep = env.step(action)
@@ -511,6 +514,29 @@ def test_int8_actor_uses_static_scales_and_agrees_with_fp32(cartpole_specs, pool
     assert np.mean(int8_actions == fp32_actions) >= 0.9, np.mean(int8_actions == fp32_actions)
     scheme_policy = jax.jit(agent.policy(parse_precision(scheme)))
     np.testing.assert_array_equal(int8_actions, scheme_policy(weights.load(weights.decode(blob), "int8"), observations))
+
+
+@pytest.mark.parametrize("scheme", ["quarl_dyn8", "int8"])
+def test_onnx_actor_acts_as_the_jax_actor_at_its_int8_scheme(cartpole_specs, pool, scheme):
+    factory = dqn_factory(hidden_sizes="64-64")
+    agent = factory(*cartpole_specs)
+    params = dqn_params(agent, seed=3)
+    observations = cartpole_observations(300)
+    ranges = calibrate(agent.policy_network(FP32).apply, params, observations)
+    blob = weights.encode(params, "int8", ranges, int8_scheme=scheme)
+    actions = {}
+    for runtime in ("jax", "onnx"):
+        handles, broadcaster, _ = make_nodes(pool, ReplayServer(100, MinSize(1)))
+        broadcaster.publish(0, blob)
+        actor = make_actor(factory, handles, actor_precision="int8", noise_scale=0.0, runtime=runtime)
+        actor.update(wait=True)
+        actions[runtime] = np.array([int(actor.select_action(observation)) for observation in observations])
+    q_values = np.asarray(agent.policy_network(parse_precision(scheme)).apply(
+        {"params": weights.load(weights.decode(blob), "int8")}, observations))
+    gap = np.abs(q_values[:, 0] - q_values[:, 1])
+    decided = gap > 1e-4 * np.maximum(1.0, np.abs(q_values).max(axis=1))
+    assert decided.mean() > 0.9
+    np.testing.assert_array_equal(actions["onnx"][decided], actions["jax"][decided])
 
 
 # ----- learner --------------------------------------------------------------------------------

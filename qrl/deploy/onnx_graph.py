@@ -63,6 +63,7 @@ class _Graph:
         self._names = 0
         self._batch_input = batch_input
         self._batch_size: Optional[str] = None
+        self.input_shapes: dict[str, tuple] = {}  # graph inputs other than the observation: their shapes.
 
     def name(self, hint: str) -> str:
         self._names += 1
@@ -112,37 +113,89 @@ def _is_concrete(shape: Sequence[Any]) -> bool:
     return all(isinstance(dim, (int, np.integer)) for dim in shape)
 
 
+class _Deferred:
+    """A value computed from parameter inputs (and constants) alone: left to the prepare program,
+    which runs once per weight update, rather than to the graph, which runs once per call."""
+
+    def __init__(self, ref: int, aval: Any):
+        self.ref, self.aval = ref, aval
+
+
 class _Translator:
-    """Walks a jaxpr, folding constant operations and emitting ONNX nodes for the rest."""
+    """Walks a jaxpr, folding constant operations, deferring parameter-only ones to the prepare
+    program and emitting ONNX nodes for the rest.
+
+    A jaxpr value is a constant (numpy array), a deferred parameter-only value (`_Deferred`) or
+    an ONNX tensor name. A deferred value an emitted node reads becomes a graph input, fed what
+    the prepare program computes (`materialized`)."""
 
     def __init__(self, graph: _Graph, batch_symbol: Any):
         self.graph = graph
         self.batch_symbol = batch_symbol
         self.constants: dict = {}  # var -> numpy array
         self.names: dict = {}  # var -> tensor name
+        self.deferred: dict = {}  # var -> _Deferred
+        self.prepare_steps: list = []  # (primitive, params, [("const", array) | ("ref", ref)], [ref])
+        self.materialized: dict = {}  # ref -> graph input name, in the order the graph first reads them
+        self.input_names: dict = {}  # ref -> the graph input name a parameter leaf gets
+        self.graph_inputs: list = []
+        self._refs = 0
+
+    def new_deferred(self, aval: Any, name: Optional[str] = None) -> _Deferred:
+        deferred = _Deferred(self._refs, aval)
+        self._refs += 1
+        if name is not None:
+            self.input_names[deferred.ref] = name
+        return deferred
+
+    def source(self, atom) -> tuple[str, Any]:
+        """("const", array), ("deferred", _Deferred) or ("name", tensor name) of a jaxpr atom."""
+        if isinstance(atom, jax_core.Literal):
+            return "const", np.asarray(atom.val, dtype=atom.aval.dtype)
+        if atom in self.constants:
+            return "const", self.constants[atom]
+        if atom in self.deferred:
+            return "deferred", self.deferred[atom]
+        return "name", self.names[atom]
+
+    def _bind(self, var, kind: str, value: Any) -> None:
+        {"const": self.constants, "deferred": self.deferred, "name": self.names}[kind][var] = value
+
+    def materialize(self, deferred: _Deferred) -> str:
+        """The graph input carrying a deferred value (added on first use)."""
+        if deferred.ref not in self.materialized:
+            name = self.input_names.get(deferred.ref, f"derived/{deferred.ref}")
+            if not _is_concrete(deferred.aval.shape):
+                raise QrlInputError("the policy computes a batch-sized value from its parameters alone, which the "
+                                    "ONNX export does not support")
+            self.materialized[deferred.ref] = name
+            self.graph_inputs.append(helper.make_tensor_value_info(name, onnx_dtype(deferred.aval.dtype),
+                                                                   list(deferred.aval.shape)))
+            self.graph.input_shapes[name] = tuple(deferred.aval.shape)
+        return self.materialized[deferred.ref]
 
     def read(self, atom) -> tuple[bool, Any]:
-        """(is_constant, numpy array or tensor name) of a jaxpr atom."""
-        if isinstance(atom, jax_core.Literal):
-            return True, np.asarray(atom.val, dtype=atom.aval.dtype)
-        if atom in self.constants:
-            return True, self.constants[atom]
-        return False, self.names[atom]
+        """(is_constant, numpy array or tensor name) of a jaxpr atom; a deferred value is read
+        as the graph input that carries it."""
+        kind, value = self.source(atom)
+        if kind == "deferred":
+            return False, self.materialize(value)
+        return kind == "const", value
 
     def name_of(self, atom) -> str:
         constant, value = self.read(atom)
         return self.graph.const(value) if constant else value
 
-    def run(self, jaxpr, consts: Sequence[Any], inputs: Sequence[Any]) -> list:
-        """Translates `jaxpr` with constvars bound to `consts` and invars to `inputs` (each a
-        (is_constant, value) pair); returns the outputs as such pairs."""
+    def run(self, jaxpr, consts: Sequence[Any], inputs: Sequence[tuple[str, Any]]) -> list:
+        """Translates `jaxpr` with constvars bound to `consts` and invars to `inputs` (`source`
+        pairs); returns the outputs as such pairs."""
         for var, value in zip(jaxpr.constvars, consts):
             self.constants[var] = np.asarray(value)
-        for var, (constant, value) in zip(jaxpr.invars, inputs):
-            (self.constants if constant else self.names)[var] = value
+        for var, (kind, value) in zip(jaxpr.invars, inputs):
+            self._bind(var, kind, value)
         for eqn in jaxpr.eqns:
             self._equation(eqn)
-        return [self.read(var) for var in jaxpr.outvars]
+        return [self.source(var) for var in jaxpr.outvars]
 
     def _equation(self, eqn) -> None:
         name = eqn.primitive.name
@@ -150,16 +203,26 @@ class _Translator:
         if inner is not None:
             closed_consts = inner.consts if hasattr(inner, "consts") else ()
             jaxpr = inner.jaxpr if hasattr(inner, "jaxpr") else inner
-            outputs = self.run(jaxpr, closed_consts, [self.read(atom) for atom in eqn.invars])
-            for var, (constant, value) in zip(eqn.outvars, outputs):
-                (self.constants if constant else self.names)[var] = value
+            outputs = self.run(jaxpr, closed_consts, [self.source(atom) for atom in eqn.invars])
+            for var, (kind, value) in zip(eqn.outvars, outputs):
+                self._bind(var, kind, value)
             return
-        values = [self.read(atom) for atom in eqn.invars]
-        if all(constant for constant, _ in values) and all(_is_concrete(var.aval.shape) for var in eqn.outvars):
-            results = eqn.primitive.bind(*[jnp.asarray(value) for _, value in values], **eqn.params)
+        sources = [self.source(atom) for atom in eqn.invars]
+        kinds = {kind for kind, _ in sources}
+        concrete = all(_is_concrete(var.aval.shape) for var in eqn.outvars)
+        if kinds <= {"const"} and concrete:
+            results = eqn.primitive.bind(*[jnp.asarray(value) for _, value in sources], **eqn.params)
             results = results if eqn.primitive.multiple_results else [results]
             for var, result in zip(eqn.outvars, results):
                 self.constants[var] = np.asarray(result)
+            return
+        if kinds <= {"const", "deferred"} and concrete:
+            outputs = [self.new_deferred(var.aval) for var in eqn.outvars]
+            self.prepare_steps.append((eqn.primitive, dict(eqn.params),
+                                       [("const", value) if kind == "const" else ("ref", value.ref) for kind, value in sources],
+                                       [output.ref for output in outputs]))
+            for var, output in zip(eqn.outvars, outputs):
+                self.deferred[var] = output
             return
         translate = _TRANSLATIONS.get(name)
         if translate is None:
@@ -168,6 +231,20 @@ class _Translator:
         outputs = outputs if isinstance(outputs, list) else [outputs]
         for var, output in zip(eqn.outvars, outputs):
             self.names[var] = output
+
+    def prepare_program(self, num_parameters: int) -> Callable[[list], list]:
+        """`prepare(parameter leaves) -> [value of each materialized input]`, jitted: the
+        deferred operations in the order they were met."""
+        steps, wanted = list(self.prepare_steps), list(self.materialized)
+
+        def prepare(leaves):
+            values = dict(enumerate(leaves[:num_parameters]))
+            for primitive, params, inputs, outputs in steps:
+                results = primitive.bind(*[value if kind == "const" else values[value] for kind, value in inputs], **params)
+                values.update(zip(outputs, results if primitive.multiple_results else [results]))
+            return [values[ref] for ref in wanted]
+
+        return jax.jit(prepare)
 
 
 def _inner_jaxpr(eqn):
@@ -243,6 +320,8 @@ def _identity(t: _Translator, eqn) -> str:
 
 def _reduce(op: str) -> Callable:
     def translate(t: _Translator, eqn) -> str:
+        if not eqn.params["axes"]:  # reducing over no axis is the identity (ONNX's empty axes mean all).
+            return t.graph.node("Identity", [t.name_of(eqn.invars[0])])
         axes = t.graph.const(np.asarray(eqn.params["axes"], np.int64), "axes")
         return t.graph.node(op, [t.name_of(eqn.invars[0]), axes], keepdims=0)
     return translate
@@ -500,7 +579,9 @@ def _fuse_quantize_linear(graph: _Graph) -> None:
             scale = graph.const(scale_value, "scale")  # [1, in] broadcasts in the Div; QuantizeLinear takes [in].
             unsigned_zero = graph.const(np.broadcast_to(zero_value + 128.0, scale_value.shape).astype(np.uint8), "zero_point")
             per_feature = {"axis": -1} if scale_value.ndim == 1 else {}
-        elif scale_value is None and zero_value is None:  # dynamic: one scale and zero point per call.
+        elif scale_value is None and zero_value is None and all(
+                int(np.prod(graph.input_shapes.get(name, ()))) == 1 for name in (scale, zero_point)):
+            # dynamic (one scale and zero point per call) or a parameter input holding one.
             unsigned_zero = graph.node("Cast", [graph.node("Add", [zero_point, graph.const(np.asarray(128.0, np.float32))])],
                                        "zero_point", to=TensorProto.UINT8)
             per_feature = {}
@@ -583,28 +664,61 @@ def to_onnx(
     (named `output_names`), the batch B symbolic. Closed-over arrays become initializers, after
     folding every operation on constants alone; mostly-zero (pruned) kernels become sparse
     initializers. The model is checked by `onnx.checker`."""
+    model, _ = _export(fn, None, observation_shape, output_names, observation_dtype, input_name, doc)
+    return model
+
+
+def to_onnx_with_parameters(
+    fn: Callable[[Any, jax.Array], Any],
+    parameters: Any,
+    observation_shape: Sequence[int],
+    output_names: Sequence[str],
+    observation_dtype: Any = np.float32,
+    input_name: str = "observation",
+    doc: str = "",
+) -> tuple[onnx.ModelProto, Callable[[Any], dict]]:
+    """`(model, prepare)` for `fn(parameters, observations)`: the model takes the observations
+    and what `prepare(parameters) -> {input name: numpy array}` computes from a parameter tree of
+    `parameters`' structure, shapes and dtypes. Everything computed from the parameters alone
+    (dequantizing, products of scales, a kernel's column sums) runs in `prepare` (jitted JAX),
+    once per weight update; the model keeps what depends on the observation. One model then
+    serves every weight update: an actor pulling weights feeds the new arrays."""
+    return _export(fn, parameters, observation_shape, output_names, observation_dtype, input_name, doc)
+
+
+def _export(fn, parameters, observation_shape, output_names, observation_dtype, input_name, doc):
     (batch_symbol,) = jax.export.symbolic_shape(BATCH)
     spec = jax.ShapeDtypeStruct((batch_symbol, *observation_shape), observation_dtype)
-    closed = jax.make_jaxpr(fn)(spec)
     graph = _Graph(input_name)
     translator = _Translator(graph, batch_symbol)
-    outputs = translator.run(closed.jaxpr, closed.consts, [(False, input_name)])
+    if parameters is None:
+        closed = jax.make_jaxpr(fn)(spec)
+        outputs = translator.run(closed.jaxpr, closed.consts, [("name", input_name)])
+    else:
+        flat, structure = jax.tree_util.tree_flatten_with_path(parameters)
+        avals = [jax.ShapeDtypeStruct(np.shape(leaf), np.asarray(leaf).dtype) for _, leaf in flat]
+        closed = jax.make_jaxpr(fn)(jax.tree.unflatten(structure, avals), spec)
+        leaves = [translator.new_deferred(var.aval, "param/" + jax.tree_util.keystr(path, simple=True, separator="/"))
+                  for var, (path, _) in zip(closed.jaxpr.invars, flat)]
+        outputs = translator.run(closed.jaxpr, closed.consts,
+                                 [("deferred", leaf) for leaf in leaves] + [("name", input_name)])
     if len(outputs) != len(output_names):
         raise ValueError(f"the function returns {len(outputs)} outputs; {len(output_names)} names given")
     graph_outputs = []
-    for name, (constant, value), var in zip(output_names, outputs, closed.jaxpr.outvars):
-        source = graph.const(value) if constant else value
+    for name, (kind, value), var in zip(output_names, outputs, closed.jaxpr.outvars):
+        source = graph.const(value) if kind == "const" else translator.materialize(value) if kind == "deferred" else value
         graph.nodes.append(helper.make_node("Identity", [source], [name]))
         shape = [BATCH if not isinstance(dim, (int, np.integer)) else int(dim) for dim in var.aval.shape]
         graph_outputs.append(helper.make_tensor_value_info(name, onnx_dtype(var.aval.dtype), shape))
     graph_input = helper.make_tensor_value_info(input_name, onnx_dtype(observation_dtype),
                                                 [BATCH, *map(int, observation_shape)])
+    extra_inputs = translator.graph_inputs
     _fuse_quantize_linear(graph)
     _remove_dead_nodes(graph, output_names)
 
     def model_of(sparse_initializers):
-        onnx_graph = helper.make_graph(graph.nodes, "qrl_policy", [graph_input], graph_outputs, graph.initializers,
-                                       sparse_initializer=sparse_initializers)
+        onnx_graph = helper.make_graph(graph.nodes, "qrl_policy", [graph_input, *extra_inputs], graph_outputs,
+                                       graph.initializers, sparse_initializer=sparse_initializers)
         model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", OPSET)],
                                   producer_name="qrl", doc_string=doc)
         model.ir_version = 10
@@ -614,8 +728,15 @@ def to_onnx(
     # rejects: the graph is checked in full with dense kernels, then structurally with sparse ones.
     onnx.checker.check_model(model_of([]), full_check=True)
     sparse = _sparse_initializers(graph)
-    if not sparse:
-        return model_of([])
     model = model_of(sparse)
-    onnx.checker.check_model(model)
-    return model
+    if sparse:
+        onnx.checker.check_model(model)
+    if parameters is None:
+        return model, None
+    program = translator.prepare_program(len(jax.tree.leaves(parameters)))
+    names = list(translator.materialized.values())
+
+    def prepare(tree) -> dict:
+        return {name: np.asarray(value) for name, value in zip(names, program(jax.tree.leaves(tree)))}
+
+    return model, prepare

@@ -1,5 +1,6 @@
-"""The actor node: N host environments, a policy at the actor's precision, weights pulled from
-the broadcaster, n-step transitions inserted into the replay node in chunks.
+"""The actor node: N host environments, a policy at the actor's precision (run by JAX or ONNX
+Runtime), weights pulled from the broadcaster, n-step transitions inserted into the replay node
+in chunks.
 
 Acme's actor interface (`select_action`, `observe_first`, `observe`, `update`) drives one
 environment, for `acme.EnvironmentLoop`; `run` drives the actor's vector of environments with
@@ -14,10 +15,10 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-import jax
 import numpy as np
 
-from qrl import envs, runtime
+from qrl import envs, runtime as qrl_runtime
+from qrl.deploy.live import BACKENDS, policy_backend
 from qrl.distributed import weights
 from qrl.distributed.agent import DistributedAgent
 from qrl.distributed.counting import process_cpu_seconds
@@ -25,6 +26,7 @@ from qrl.distributed.handles import Future
 from qrl.replay import NStepAccumulator, Transition
 
 TIMED_PHASES = ("env_step", "inference", "pull_wait", "deserialize", "load", "insert")
+ACTOR_RUNTIMES = BACKENDS  # jax: the jitted policy; onnx: an ONNX Runtime session fed each update's arrays.
 ONE_TIME_PHASES = ("startup_wait", "compile")  # waiting for the first weights; compiling policies
 INSERT_TIMEOUT_SECONDS = 1.0  # blocked inserts return this often so the actor can notice stop()
 RECENT_EPISODES = 20
@@ -46,21 +48,25 @@ def _chunk_tail(chunk: dict, start: int) -> dict:
 
 
 class PolicyCache:
-    """Jitted policies of one agent at the precisions weights arrive in (int8 at the scheme each
-    message names, floats), compiled on first use."""
+    """The agent's policies at the precisions weights arrive in (int8 at the scheme each message
+    names, floats), each in the actor's runtime (`qrl.deploy.live`: jitted JAX, or an ONNX
+    Runtime session whose parameters are inputs), built on first use from that message's params."""
 
-    def __init__(self, agent: DistributedAgent, actor_precision: str):
+    def __init__(self, agent: DistributedAgent, actor_precision: str, runtime: str, observation_shape, observation_dtype):
         self._agent = agent
         self._actor_precision = actor_precision
-        self._policies: dict[str, Callable] = {}
+        self._runtime = runtime
+        self._observation = (tuple(observation_shape), observation_dtype)
+        self._policies: dict[str, Any] = {}
 
-    def for_scheme(self, int8_scheme: str) -> tuple[Callable, bool]:
-        """The policy for params loaded from a message of `int8_scheme` (`weights.load`), and
-        whether it was just made (not compiled yet)."""
+    def for_scheme(self, int8_scheme: str, params: Any) -> tuple[Any, bool]:
+        """The policy backend for `params` loaded from a message of `int8_scheme` (`weights.load`),
+        and whether it was just built (its export or compilation is a one-time cost)."""
         precision = weights.actor_network_precision(self._actor_precision, int8_scheme)
         fresh = precision.name not in self._policies
         if fresh:
-            self._policies[precision.name] = jax.jit(self._agent.policy(precision))
+            self._policies[precision.name] = policy_backend(self._runtime, self._agent.policy(precision), params,
+                                                            *self._observation)
         return self._policies[precision.name], fresh
 
 
@@ -80,6 +86,8 @@ class Actor:
       insert_chunk: transitions per replay insert.
       max_steps: stop `run` after this many actor steps (None: until `stop()`).
       xla_threads: XLA:CPU threads when this actor has its own process.
+      runtime: what runs the policy (`ACTOR_RUNTIMES`): `jax` (jitted, params on the device) or
+        `onnx` (ONNX Runtime, one intra-op thread; each update's arrays fed to the same session).
     """
 
     def __init__(
@@ -100,8 +108,12 @@ class Actor:
         insert_chunk: int = 64,
         max_steps: Optional[int] = None,
         xla_threads: int = 1,
+        runtime: str = "jax",
     ):
-        runtime.configure_jax(xla_threads)
+        qrl_runtime.configure_jax(xla_threads)
+        if runtime not in ACTOR_RUNTIMES:
+            raise ValueError(f"actor runtime must be one of {', '.join(ACTOR_RUNTIMES)}, got {runtime!r}")
+        self.runtime = runtime
         self.actor_id = int(actor_id)
         self._precision_name = weights.check_precision(actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
         self._env_seed = seed + 1000 * self.actor_id
@@ -116,7 +128,8 @@ class Actor:
         self._accumulators = [NStepAccumulator(settings.n_step, settings.gamma) for _ in range(num_envs + 1)]
         self._explore = self._agent.make_explorer(float(noise_scale), np.random.default_rng(self._env_seed))
         self.noise_scale = float(noise_scale)
-        self._policies = PolicyCache(self._agent, self._precision_name)
+        self._policies = PolicyCache(self._agent, self._precision_name, runtime, observation_spec.shape,
+                                     observation_spec.dtype)
         self._weight_spec = weights.policy_weight_spec(self._agent, observation_spec)
         self._replay, self._broadcaster, self._counter = replay, broadcaster, counter
         self._update_period = int(update_period)
@@ -210,6 +223,7 @@ class Actor:
         return {
             "actor_id": self.actor_id,
             "actor_precision": self._precision_name,
+            "runtime": self.runtime,
             "noise_scale": self.noise_scale,
             "num_envs": self._num_envs,
             **self._counts,
@@ -326,16 +340,18 @@ class Actor:
         tick = time.perf_counter()
         message = self._weight_spec.check(weights.decode(blob, self._weight_spec.max_message_bytes))
         decoded = time.perf_counter()
-        params = jax.device_put(weights.load(message, self._precision_name))
-        policy, fresh = self._policies.for_scheme(message.int8_scheme)
-        jax.block_until_ready(params)
+        numpy_params = weights.load(message, self._precision_name)
+        converted = time.perf_counter()
+        policy, fresh = self._policies.for_scheme(message.int8_scheme, numpy_params)
+        built = time.perf_counter()
+        params = policy.prepare(numpy_params)
         loaded = time.perf_counter()
         self._seconds["deserialize"] += decoded - tick
-        self._seconds["load"] += loaded - decoded
-        if fresh:  # compile outside the timed phases: a one-time cost, not the paper's "load".
+        self._seconds["load"] += (converted - decoded) + (loaded - built)
+        if fresh:  # building and compiling outside the timed phases: a one-time cost, not the paper's "load".
             dummy = np.zeros((self._num_envs, *self._observation_shape), self._observation_dtype)
-            jax.block_until_ready(policy(params, dummy))
-            self._seconds["compile"] += time.perf_counter() - loaded
+            policy(params, dummy)
+            self._seconds["compile"] += (built - converted) + (time.perf_counter() - loaded)
         self._params, self._policy, self._version = params, policy, int(version)
         self._counts["loads"] += 1
         self._pull_bytes += len(blob)

@@ -11,8 +11,6 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-import jax
-import numpy as np
 
 from qrl import evaluation, runtime
 from qrl.distributed import weights
@@ -60,8 +58,9 @@ class Evaluator:
         self._env_id, self._env_options = env_id, dict(env_options or {})
         self._seed = seed + EVAL_SEED_OFFSET
         self._actor_precision = weights.check_precision(actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
-        self._fp32_policies = PolicyCache(self._agent, "fp32")
-        self._actor_policies = PolicyCache(self._agent, self._actor_precision)
+        observation = (observation_spec.shape, observation_spec.dtype)
+        self._fp32_policies = PolicyCache(self._agent, "fp32", "jax", *observation)
+        self._actor_policies = PolicyCache(self._agent, self._actor_precision, "jax", *observation)
         self._weight_spec = weights.policy_weight_spec(self._agent, observation_spec)
         self._learner, self._broadcaster, self._counter = learner, broadcaster, counter
         self._episodes, self._every_seconds = int(episodes), float(every_seconds)
@@ -134,10 +133,10 @@ class Evaluator:
         }
 
     def _evaluate(self, policies: PolicyCache, params: dict, int8_scheme: str) -> float:
-        params = jax.device_put(params)
-        policy, _ = policies.for_scheme(int8_scheme)
+        policy, _ = policies.for_scheme(int8_scheme, params)
+        params = policy.prepare(params)
         result = evaluation.evaluate(
-            lambda observations: np.asarray(policy(params, observations)),
+            lambda observations: policy(params, observations),
             self._env_id, self._episodes, self._seed, self._max_episode_steps, self._env_options,
         )
         return float(result.mean)

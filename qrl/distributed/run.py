@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional
 from qrl import envs, io, workdirs
 from qrl.distributed import energy, weights
 from qrl.distributed.broadcaster import Broadcaster
-from qrl.distributed.actor import Actor
+from qrl.distributed.actor import ACTOR_RUNTIMES, Actor
 from qrl.distributed.agent import DistributedAgent, exploration_schedule
 from qrl.distributed.counting import Counter
 from qrl.distributed.evaluator import Evaluator
@@ -59,6 +59,7 @@ class ActorQConfig:
     comm_precision: Optional[str] = None  # None: int8/fp16/bf16 actors get their own precision, fp32 actors fp32.
     compress: bool = False
     actor_int8_scheme: str = weights.DEFAULT_ACTOR_INT8_SCHEME  # int8 actors' scheme (weights.ACTOR_INT8_SCHEMES).
+    actor_runtime: str = "jax"  # what runs the actors' policy: jax or onnx (qrl.deploy.live).
     actor_update_period: int = 1000  # actor steps between pulls (Acme's variable_update_period).
     sync_pull: bool = False
     publish_period: int = 100  # learner updates between publishes.
@@ -112,6 +113,8 @@ def validate(config: ActorQConfig) -> None:
     if config.actor_int8_scheme not in weights.ACTOR_INT8_SCHEMES:
         raise QrlInputError(f"--actor_int8_scheme must be one of {', '.join(weights.ACTOR_INT8_SCHEMES)}, "
                             f"got {config.actor_int8_scheme!r}")
+    if config.actor_runtime not in ACTOR_RUNTIMES:
+        raise QrlInputError(f"--actor_runtime must be one of {', '.join(ACTOR_RUNTIMES)}, got {config.actor_runtime!r}")
     if config.launcher not in LAUNCHERS:
         raise QrlInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {config.launcher!r}")
     if config.ray_address and config.launcher != "ray":
@@ -196,7 +199,7 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
             num_envs=config.envs_per_actor, seed=config.seed, actor_precision=config.actor_precision,
             noise_scale=noise_scales[actor_id], replay=NodeRef("replay"), broadcaster=NodeRef("broadcaster"),
             counter=NodeRef("counter"), update_period=config.actor_update_period, sync_pull=config.sync_pull,
-            insert_chunk=config.insert_chunk, xla_threads=max(1, int(config.actor_cpus)),
+            insert_chunk=config.insert_chunk, xla_threads=max(1, int(config.actor_cpus)), runtime=config.actor_runtime,
         ), num_cpus=config.actor_cpus, concurrency=3, restartable=True))
     return Program(nodes)
 
@@ -389,6 +392,7 @@ def _results(config: ActorQConfig, outcome, progress: _Progress, pids: dict, met
         "seed": config.seed,
         "actor_precision": config.actor_precision,
         "actor_int8_scheme": config.actor_int8_scheme,
+        "actor_runtime": config.actor_runtime,
         "comm_precision": config.resolved_comm_precision,
         "launcher": config.launcher,
         "num_actors": config.num_actors,

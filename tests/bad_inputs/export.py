@@ -17,6 +17,14 @@ def _dqn_run_and_directory_at_out(tmp):
     (tmp / "policy.onnx").mkdir()
 
 
+def _offline_run_without_its_dataset(tmp):
+    """A launch.prune_offline run directory whose dataset file is gone."""
+    from qrl import workdirs
+
+    _run_dir({"algo": "bc", "env": "gym:Pendulum-v1", "agent_config": {}, "dataset": str(tmp / "gone.hdf5")})(tmp)
+    workdirs.write_marker(str(tmp / "run"), "prune_offline", ["config.json"])
+
+
 def _case(name, fragment, *args, setup=_DQN_RUN):
     return Case("launch.export", name, tuple(args), fragment, setup)
 
@@ -37,4 +45,7 @@ CASES = [
     _case("edge-bits-on-weight-only", "takes no modifiers", _W, _OUT, "--precision=quarl4-e8"),
     _case("zero-probe-steps", "--probe_steps must be >= 1", _W, _OUT, "--probe_steps=0"),
     _case("unknown-ranges", "--ranges", _W, _OUT, "--ranges=guess"),
+    _case("offline-dataset-gone", "gone.hdf5, which no longer exists", _W, _OUT, setup=_offline_run_without_its_dataset),
+    _case("offline-trained-ranges", "is an offline run", _W, _OUT, "--ranges=trained",
+          setup=_offline_run_without_its_dataset),
 ]
