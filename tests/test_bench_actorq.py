@@ -31,7 +31,8 @@ def test_quick_benchmark_prints_ratios_and_targets(tmp_path):
     assert "speedup vs fp32 -> fp32 1.00×" in update_section
     assert "through Ray: skipped" in update_section
     summary = output.split("\ntargets\n")[1]
-    for target in ("1. actor env steps/s int8/fp32 >= 1.5×: ", "2. bytes per publish int8/fp32 <= 0.26: ",
+    for target in ("1a. actor env steps/s int8 (jax) / fastest fp32 >= 1.5×: ",
+                   "1b. actor env steps/s int8 (onnx) / fastest fp32 >= 1.5×: ", "2. bytes per publish int8/fp32 <= 0.26: ",
                    "3. update (pull + deserialize + load) int8->int8 >= 3.0× faster"):
         line = next(line for line in summary.splitlines() if target in line)
         assert "PASS" in line or "MISS" in line

@@ -102,6 +102,8 @@ def test_exported_policy_acts_as_the_jax_policy_at_every_scheme(agent_name, env_
             assert ops & {"MatMulInteger", "ConvInteger"}, f"{name}: int8 layers must run ONNX integer operators"
         if name == "int8" and "MinAtar" not in env_id:  # every dense layer's input quantization is one QuantizeLinear.
             assert "QuantizeLinear" in ops and "Round" not in ops, sorted(ops)
+        if name in ("quarl_dyn8", "int8-dyn") and "MinAtar" not in env_id:  # dynamic dense layers: one operator each.
+            assert "DynamicQuantizeLinear" in ops and not ops & {"Round", "ReduceMin", "ReduceMax"}, sorted(ops)
         assert sidecar["precision"] == precision.name and sidecar["agreement"]["probe_states"] == len(observations)
         np.testing.assert_array_equal(policy.act(observations[0]), policy(observations[:1])[0])  # dynamic scales are per batch.
 

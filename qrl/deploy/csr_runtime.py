@@ -86,6 +86,18 @@ def _quantize_linear(node, constants, program):
     return run
 
 
+def _dynamic_quantize_linear(node, constants, program):
+    """ONNX's uint8 grid over `[min(x, 0), max(x, 0)]`, half to even; a zero range gets scale 1
+    (as qrl's grids and ONNX Runtime do)."""
+    def run(x):
+        low, high = np.float32(min(float(x.min()), 0.0)), np.float32(max(float(x.max()), 0.0))
+        scale = np.float32((high - low) / np.float32(255)) if high > low else np.float32(1)
+        zero_point = np.uint8(np.clip(np.round(-low / scale), 0, 255))
+        quantized = np.clip(np.round(x / scale) + np.float32(zero_point), 0, 255).astype(np.uint8)
+        return quantized, np.asarray(scale), np.asarray(zero_point)
+    return run
+
+
 def _matmul(node, constants, program):
     """x · w with a constant kernel as CSR when sparse enough, else a numpy product."""
     kernel = constants.get(node.input[1])
@@ -202,7 +214,8 @@ _OPS: dict[str, Callable] = {
     "Sigmoid": _unary(scipy.special.expit), "Reciprocal": _unary(np.reciprocal),
     "Relu": _unary(lambda x: np.maximum(x, 0)), "Identity": _unary(lambda x: x), "Shape": _unary(lambda x: np.asarray(x.shape, np.int64)),
     "Where": lambda node, constants, program: np.where,
-    "Cast": _cast, "QuantizeLinear": _quantize_linear, "MatMul": _matmul, "MatMulInteger": _matmul_integer,
+    "Cast": _cast, "QuantizeLinear": _quantize_linear, "DynamicQuantizeLinear": _dynamic_quantize_linear,
+    "MatMul": _matmul, "MatMulInteger": _matmul_integer,
     "ReduceMax": _reduce(np.max), "ReduceMin": _reduce(np.min), "ReduceSum": _reduce(np.sum),
     "ArgMax": _arg_reduce(np.argmax), "ArgMin": _arg_reduce(np.argmin),
     "Reshape": _reshape, "Expand": _expand, "Slice": _slice, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,

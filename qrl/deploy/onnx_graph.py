@@ -30,6 +30,7 @@ from qrl.errors import QrlInputError
 
 OPSET = 21
 BATCH = "batch"
+DYNAMIC_INT8_DENSE = "dynamic_int8_dense"  # qrl.quant.ops' dynamic 8-bit dense layer, exported as one unit.
 
 _ONNX_DTYPES = {
     np.dtype(np.float32): TensorProto.FLOAT,
@@ -199,6 +200,9 @@ class _Translator:
 
     def _equation(self, eqn) -> None:
         name = eqn.primitive.name
+        if name in ("pjit", "jit") and eqn.params.get("name") == DYNAMIC_INT8_DENSE and self.source(eqn.invars[0])[0] == "name":
+            self.names[eqn.outvars[0]] = _dynamic_int8_dense(self, eqn)
+            return
         inner = _inner_jaxpr(eqn)
         if inner is not None:
             closed_consts = inner.consts if hasattr(inner, "consts") else ()
@@ -245,6 +249,21 @@ class _Translator:
             return [values[ref] for ref in wanted]
 
         return jax.jit(prepare)
+
+
+def _dynamic_int8_dense(t: _Translator, eqn) -> str:
+    """`qrl.quant.ops.dynamic_int8_dense(x, kernel, kernel_scale, bias)` as DynamicQuantizeLinear
+    → MatMulInteger → Cast → Mul → Add: ONNX's uint8 grid over `[min(x, 0), max(x, 0)]` is qrl's
+    int8 grid plus 128 (same scale, `zero_point + 128`, `q + 128`), so `MatMulInteger(q + 128,
+    kernel, zero_point + 128)` is qrl's zero-point-corrected int32 sum exactly; ONNX Runtime fuses
+    the chain into one DynamicQuantizeMatMul."""
+    x, kernel, kernel_scale, bias = (t.name_of(atom) for atom in eqn.invars)
+    quantized, scale, zero_point = (t.graph.name(hint) for hint in ("quantized", "scale", "zero_point"))
+    t.graph.nodes.append(helper.make_node("DynamicQuantizeLinear", [x], [quantized, scale, zero_point]))
+    accumulated = t.graph.node("MatMulInteger", [quantized, kernel, zero_point])
+    rescaled = t.graph.node("Mul", [t.graph.node("Cast", [accumulated], to=TensorProto.FLOAT),
+                                    t.graph.node("Mul", [scale, kernel_scale])])
+    return t.graph.node("Add", [rescaled, bias])
 
 
 def _inner_jaxpr(eqn):

@@ -157,6 +157,10 @@ class _QuantizableLayer(nn.Module):
             q = ops.quantize_to_grid(x, input_scale, zero_point, precision, grid_dtype)
             accumulated = ops.integer_contract(q, kernel, contract).astype(jnp.float32)
             return accumulated * (kernel_scale if per_feature else input_scale * kernel_scale) + bias
+        dense_int8 = (contract is _dense_contract and precision.integer_kernel and precision.grid == "affine"
+                      and (precision.activation_qmin, precision.activation_qmax) == (-128, 127))
+        if dense_int8:  # the same arithmetic, under a name exporters recognize (ops.dynamic_int8_dense).
+            return ops.dynamic_int8_dense(x, kernel, kernel_scale, bias, precision)
         x = x.astype(jnp.float32)
         scale, zero_point = ops.grid_range(jnp.min(x), jnp.max(x), precision)
         q = ops.quantize_to_grid(x, scale, zero_point, precision, grid_dtype)

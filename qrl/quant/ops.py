@@ -154,6 +154,26 @@ def zero_point_correction(kernel: jax.Array, zero_point: jax.Array) -> jax.Array
     return jnp.sum(jnp.reshape(zero_point, (-1, 1)) * column_sums, axis=0)
 
 
+@functools.partial(jax.jit, static_argnames="precision")
+def dynamic_int8_dense(x: jax.Array, kernel: jax.Array, kernel_scale: jax.Array, bias: jax.Array,
+                       precision: Precision) -> jax.Array:
+    """An 8-bit dynamic-range dense layer `x [..., in] -> [..., out]`: x's range `[min(x, 0),
+    max(x, 0)]` this call onto the affine grid [-128, 127], int8×int8→int32 with the int8
+    `kernel [in, out]`, the zero point's contribution subtracted, rescaled by `scale *
+    kernel_scale [out]`, plus `bias [out]` — the same arithmetic as every dynamic integer layer.
+
+    Jitted under its own name so an exporter can recognize the whole layer: it is ONNX's
+    DynamicQuantizeLinear (uint8, `q + 128`) → MatMulInteger with that zero point → rescale, the
+    form ONNX Runtime fuses into one kernel (`qrl.deploy.onnx_graph`)."""
+    x = x.astype(jnp.float32)
+    scale, zero_point = grid_range(jnp.min(x), jnp.max(x), precision)
+    q = quantize_to_grid(x, scale, zero_point, precision, jnp.int8)
+    accumulated = integer_contract(q, kernel, lambda a, b, accumulate: jax.lax.dot_general(
+        a, b, (((a.ndim - 1,), (0,)), ((), ())), preferred_element_type=accumulate))
+    accumulated = accumulated - zero_point_correction(kernel, zero_point)
+    return accumulated.astype(jnp.float32) * (scale * kernel_scale) + bias
+
+
 def integer_contract(x_q: jax.Array, kernel: jax.Array, contract) -> jax.Array:
     """`contract(x_q, kernel)` of grid integers: int8×int8→int32 when both are int8 (a real
     integer kernel), float32 arithmetic on the same integer values otherwise."""
