@@ -51,6 +51,11 @@ flags.DEFINE_integer("actor_update_period", _DEFAULTS.actor_update_period, "Acto
 flags.DEFINE_bool("sync_pull", _DEFAULTS.sync_pull, "Actors wait for each pull instead of acting while it travels.")
 flags.DEFINE_integer("publish_period", _DEFAULTS.publish_period, "Learner updates between weight publishes.")
 flags.DEFINE_integer("insert_chunk", _DEFAULTS.insert_chunk, "Transitions per replay insert.")
+flags.DEFINE_enum("rate_limiter", _DEFAULTS.rate_limiter, ["samples_per_insert", "min_size"],
+                  "Replay pacing: a samples-per-insert ratio (learner and actors wait on each other), or QuaRL's "
+                  "minimum size only (actors never wait).")
+flags.DEFINE_integer("max_times_sampled", None, "Remove a transition after this many draws (QuaRL's scripts: 16); "
+                     "a full replay then evicts its oldest. Default: never removed.")
 flags.DEFINE_float("samples_per_insert", None, "Rate limiter ratio (default: the agent's gradient_steps*batch_size/train_freq).")
 flags.DEFINE_integer("min_replay_size", None, "Transitions before the first sample (default: the agent's).")
 flags.DEFINE_integer("replay_capacity", None, "Replay capacity (default: the agent's buffer_size).")
@@ -86,7 +91,8 @@ def config_from_flags() -> ActorQConfig:
         comm_precision=FLAGS.comm_precision.strip().lower() if FLAGS.comm_precision else None,
         compress=FLAGS.compress, actor_int8_scheme=FLAGS.actor_int8_scheme.strip().lower(),
         actor_update_period=FLAGS.actor_update_period, sync_pull=FLAGS.sync_pull, publish_period=FLAGS.publish_period,
-        insert_chunk=FLAGS.insert_chunk, samples_per_insert=FLAGS.samples_per_insert,
+        insert_chunk=FLAGS.insert_chunk, rate_limiter=FLAGS.rate_limiter, max_times_sampled=FLAGS.max_times_sampled,
+        samples_per_insert=FLAGS.samples_per_insert,
         min_replay_size=FLAGS.min_replay_size, replay_capacity=FLAGS.replay_capacity, prioritized=FLAGS.prioritized,
         exploration_first=FLAGS.exploration_first, exploration_last=FLAGS.exploration_last,
         eval_every_seconds=FLAGS.eval_every_seconds, eval_episodes=FLAGS.eval_episodes,

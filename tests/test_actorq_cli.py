@@ -27,7 +27,9 @@ EVAL = ["--eval_every_seconds=1", "--eval_episodes=2", "--publish_period=20", "-
 # 256-256: big enough that an int8 blob is < 0.3 of the fp32 one (scales, biases and keys weigh on tiny nets).
 DQN = ["--agent=dqn", "--env=gym:CartPole-v1", "--set=learning_starts=64", "--set=batch_size=32", "--set=train_freq=4",
        "--set=gradient_steps=1", "--set=hidden_sizes=256-256", "--set=buffer_size=5000", *EVAL]
-DQN_INT8 = [*DQN, "--num_actors=2", "--actor_precision=int8", "--max_eval_episode_steps=100"]
+# QuaRL's replay regime: only a minimum size, each transition drawn at most 16 times.
+DQN_INT8 = [*DQN, "--num_actors=2", "--actor_precision=int8", "--max_eval_episode_steps=100", "--rate_limiter=min_size",
+            "--max_times_sampled=16"]
 D4PG = ["--agent=d4pg", "--env=dmc:cartpole-balance", "--set=critic_hidden_sizes=32-32", "--set=batch_size=32",
         "--set=learning_starts=64", "--set=buffer_size=5000", "--max_eval_episode_steps=50", *EVAL]
 # Episodes capped at 5 steps score exactly 5 on CartPole (no policy topples the pole that fast).
@@ -65,8 +67,8 @@ def metrics_rows(workdir):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """Three runs side by side: dqn int8 (2 actors), d4pg int8 with its actor in ONNX Runtime, dqn fp32
-    with a target return."""
+    """Three runs side by side: dqn int8 (2 actors) in QuaRL's replay regime, d4pg int8 with its actor
+    in ONNX Runtime, dqn fp32 with a target return."""
     root = tmp_path_factory.mktemp("actorq")
     jobs = {
         "dqn_int8": (str(root / "dqn_int8"), [*DQN_INT8, "--max_learner_steps=60"]),
@@ -138,6 +140,11 @@ def test_dqn_int8_run_writes_everything(finished):
     assert results["comm_precision"] == "int8" and results["num_actors"] == 2
     assert results["publish"]["ratio_to_fp32"] < 0.3
     assert results["time_to_target_seconds"] is None and results["target_return"] is None
+    # QuaRL's regime: no ratio, items drawn at most 16 times (the learner consumed only what actors made).
+    assert results["config"]["rate_limiter"] == "min_size" and results["config"]["max_times_sampled"] == 16
+    items = results["breakdown"]["replay_items"]
+    assert items["sampled"] <= 16 * items["inserted"] and items["size"] <= items["inserted"]
+    assert results["breakdown"]["replay"]["insert_wait"] == 0.0  # actors never wait for the learner.
     assert "stopped by max_learner_steps" in completed.stdout
 
 

@@ -93,6 +93,7 @@ def test_default_error_buffer_values():
         lambda: ReplayServer(4, MinSize(5)),
         lambda: ReplayServer(4, MinSize(1), prioritized=True, priority_exponent=-1.0),
         lambda: ReplayServer(4, MinSize(1), prioritized=True, importance_exponent=-0.1),
+        lambda: ReplayServer(4, MinSize(1), max_times_sampled=0),
     ],
 )
 def test_bad_constructor_arguments_raise(make):
@@ -359,3 +360,66 @@ def test_all_zero_priorities_fall_back_to_uniform():
     batch = replay.sample(30, 2)
     assert set(batch["indices"].reshape(-1).tolist()) == {0, 1, 2}
     np.testing.assert_array_equal(batch["weights"], np.ones((2, 30), np.float32))
+
+
+# ------------------------------------------------------------------------------ consumed items
+
+
+def sampled_values(replay, batch_size, num_batches=1):
+    result = replay.sample(batch_size, num_batches, timeout=0.05)
+    return None if result is None else result["transitions"]["reward"].reshape(-1)
+
+
+def test_each_item_is_drawn_at_most_max_times_sampled_then_removed():
+    replay = ReplayServer(8, MinSize(1), max_times_sampled=3, seed=1)
+    replay.insert(make_chunk([0, 1, 2, 3]))
+    drawn = np.concatenate([sampled_values(replay, 4) for _ in range(3)])  # 12 draws: 4 items × 3.
+    np.testing.assert_array_equal(np.sort(drawn), np.repeat([0, 1, 2, 3], 3))
+    assert replay.size() == 0 and sampled_values(replay, 1) is None  # nothing left to draw: the learner waits.
+    stats = replay.stats()
+    assert stats["removed_sampled_out"] == 4 and stats["removed_evicted"] == 0 and stats["sampled"] == 12
+    replay.insert(make_chunk([7]))  # a new item is drawable again, up to 3 times in one batch.
+    np.testing.assert_array_equal(sampled_values(replay, 3), [7, 7, 7])
+
+
+def test_a_full_table_evicts_its_oldest_item_and_fills_freed_rows_first():
+    replay = ReplayServer(4, MinSize(1), max_times_sampled=1, seed=0)
+    replay.insert(make_chunk([0, 1, 2, 3, 4, 5]))  # full at 4: items 0 and 1 are evicted, oldest first.
+    assert replay.size() == 4 and replay.stats()["removed_evicted"] == 2
+    (gone,) = sampled_values(replay, 1)  # drawn once: removed, its row freed.
+    assert gone in (2, 3, 4, 5)
+    replay.insert(make_chunk([6]))  # goes into the freed row: nothing evicted.
+    assert replay.size() == 4 and replay.stats()["removed_evicted"] == 2
+    replay.insert(make_chunk([7]))  # full again: the oldest item still held goes.
+    held = sorted({2, 3, 4, 5, 6} - {gone} - {min({2, 3, 4, 5} - {gone})}) + [7]
+    assert replay.stats()["removed_evicted"] == 3
+    np.testing.assert_array_equal(np.sort(sampled_values(replay, 4)), held)
+
+
+def test_min_size_counts_the_items_held_not_the_items_ever_inserted():
+    replay = ReplayServer(8, MinSize(3), max_times_sampled=1, seed=0)
+    replay.insert(make_chunk([0, 1, 2]))
+    assert len(sampled_values(replay, 1)) == 1
+    assert sampled_values(replay, 1) is None  # 2 held < min size 3, though 3 were inserted.
+    replay.insert(make_chunk([3]))
+    assert len(sampled_values(replay, 2)) == 2
+
+
+def test_consumed_prioritized_items_follow_priorities_and_ignore_stale_indices():
+    replay = ReplayServer(8, MinSize(1), prioritized=True, priority_exponent=1.0, max_times_sampled=1, seed=0)
+    replay.insert(make_chunk([0, 1, 2]), priorities=np.array([1.0, 0.0, 3.0]))
+    result = replay.sample(2, 1, timeout=0.05)  # item 1 has priority 0: never drawn while others remain.
+    np.testing.assert_array_equal(np.sort(result["transitions"]["reward"].reshape(-1)), [0, 2])
+    # Weights (N P)^-0.4 / max with N = 3 held and P the probability when drawn: both items in
+    # the first round (P = 1/4, 3/4), or item 2 twice in it (the second draw refused) and item 0
+    # alone in the next round (P = 1).
+    drawn = result["transitions"]["reward"][0]
+    candidates = []
+    for p0 in (0.25, 1.0):
+        probabilities = np.where(drawn == 2, 0.75, p0)
+        weights = (3 * probabilities) ** -0.4
+        candidates.append(weights / weights.max())
+    assert any(np.allclose(result["weights"][0], candidate, rtol=1e-6) for candidate in candidates), result["weights"]
+    replay.update_priorities(result["indices"], np.array([[5.0, 5.0]]))  # both drawn out: ignored.
+    (last,) = sampled_values(replay, 1)  # only zero priorities left: uniform over what is held.
+    assert last == 1 and replay.size() == 0

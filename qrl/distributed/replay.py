@@ -14,7 +14,15 @@ it lives in row `s % capacity`, i.e. the index is `row + generation * capacity` 
 A row's current item is the latest one written there, so an index is current iff
 `inserted - capacity <= s < inserted`; `update_priorities` drops the others (their row was
 overwritten after they were sampled) without needing a per-row table.
+
+Consumed items (`max_times_sampled`, QuaRL's and Reverb's regime): an item is removed once it
+has been sampled that many times, and a full table removes its oldest item (FIFO) to make room
+— so the learner can only consume what the actors produce. Rows are then handed out from a
+free list rather than round the ring, and an index is `s * capacity + row`: current iff row
+`row` still holds item `s`.
 """
+
+import collections
 
 import os
 import threading
@@ -101,6 +109,12 @@ class ReplayServer:
     and weighted by `(N * P(i))^-beta` (`beta = importance_exponent`, `N` = size) divided by
     the largest weight of its batch. If every priority is zero, sampling falls back to uniform.
 
+    `max_times_sampled=N`: each item is removed after its N-th draw (Reverb's table setting);
+    draws are then independent (proportional to priority, or uniform over the items left), the
+    importance weights use the probabilities at the draw, and a full table evicts its oldest
+    item. A sample waits until the table holds the rate limiter's minimum and its items have
+    `K * B` draws left between them.
+
     One lock guards everything; blocked `insert`/`sample` calls wait on one condition, woken by
     every insert, sample and `close`.
     """
@@ -113,8 +127,11 @@ class ReplayServer:
         priority_exponent: float = 0.6,
         importance_exponent: float = 0.4,
         seed: int = 0,
+        max_times_sampled: Optional[int] = None,
     ):
         self.capacity = _check_positive_int(capacity, "replay capacity")
+        self.max_times_sampled = None if max_times_sampled is None else _check_positive_int(
+            max_times_sampled, "max_times_sampled")
         if rate_limiter.min_size > self.capacity:
             raise QrlInputError(
                 f"rate limiter min_size {rate_limiter.min_size} exceeds the replay capacity {self.capacity}"
@@ -128,8 +145,16 @@ class ReplayServer:
         self.priority_exponent = float(priority_exponent)
         self.importance_exponent = float(importance_exponent)
         self._rng = np.random.default_rng(seed)
-        self._tree = SumTree(self.capacity) if self.prioritized else None
+        consuming = self.max_times_sampled is not None
+        self._tree = SumTree(self.capacity) if self.prioritized or consuming else None
         self._max_priority = 1.0
+        if consuming:  # per row: the item's insert sequence (-1: free) and its draws so far.
+            self._row_item = np.full(self.capacity, -1, np.int64)
+            self._times_sampled = np.zeros(self.capacity, np.int64)
+            self._free_rows = list(range(self.capacity - 1, -1, -1))
+            self._fifo: collections.deque = collections.deque()  # (sequence, row), oldest first
+            self._draws_left = 0  # draws the held items have left between them
+            self._removed = {"sampled_out": 0, "evicted": 0}
         self._storage: Optional[dict] = None
         self._inserted = 0
         self._sampled = 0
@@ -197,6 +222,10 @@ class ReplayServer:
             self._storage = {
                 name: np.zeros((self.capacity,) + value.shape[1:], value.dtype) for name, value in chunk.items()
             }
+        if self.max_times_sampled is not None:
+            self._write_consumable(chunk, priorities, start, stop)
+            self._seconds["insert"] += time.perf_counter() - began
+            return
         count = stop - start
         kept = min(count, self.capacity)  # of a chunk longer than the ring only its tail survives
         rows = (self._inserted + count - kept + np.arange(kept)) % self.capacity
@@ -211,6 +240,54 @@ class ReplayServer:
             self._tree.update(rows, new_priorities ** self.priority_exponent)
         self._inserted += count
         self._seconds["insert"] += time.perf_counter() - began
+
+    def _write_consumable(self, chunk: dict, priorities: Optional[np.ndarray], start: int, stop: int) -> None:
+        """Items `[start, stop)` into free rows, evicting the oldest held item when none is free;
+        lock held."""
+        rows = np.empty(stop - start, np.int64)
+        for offset in range(stop - start):
+            if not self._free_rows:
+                self._evict_oldest()
+            row = self._free_rows.pop()
+            rows[offset] = row
+            sequence = self._inserted + offset
+            self._row_item[row], self._times_sampled[row] = sequence, 0
+            self._fifo.append((sequence, row))
+        for name, value in chunk.items():
+            self._storage[name][rows] = value[start:stop]
+        if self.prioritized:
+            if priorities is None:
+                leaves = np.full(len(rows), self._max_priority)
+            else:
+                leaves = priorities[start:stop]
+                self._max_priority = max(self._max_priority, float(leaves.max()))
+            self._tree.update(rows, leaves ** self.priority_exponent)
+        else:
+            self._tree.update(rows, np.ones(len(rows)))
+        self._draws_left += len(rows) * self.max_times_sampled
+        self._inserted += stop - start
+
+    def _evict_oldest(self) -> None:
+        """Removes the oldest item still held (FIFO); lock held."""
+        while True:
+            sequence, row = self._fifo.popleft()
+            if self._row_item[row] == sequence:
+                self._remove(row)
+                self._removed["evicted"] += 1
+                return
+
+    def _remove(self, row: int) -> None:
+        """Frees `row`: its item can no longer be drawn; lock held."""
+        self._draws_left -= self.max_times_sampled - int(self._times_sampled[row])
+        self._row_item[row] = -1
+        self._tree.update(np.array([row]), np.zeros(1))
+        self._free_rows.append(int(row))
+
+    def _held(self) -> int:
+        """Items held now; lock held."""
+        if self.max_times_sampled is None:
+            return min(self._inserted, self.capacity)
+        return self.capacity - len(self._free_rows)
 
     def _wait(self, deadline: Optional[float], kind: str) -> bool:
         """Waits on the condition until notified or `deadline`; False once the deadline passed."""
@@ -238,20 +315,70 @@ class ReplayServer:
         num_items = batch_size * num_batches
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._condition:
-            while not self._closed and not self.rate_limiter.can_sample(self._inserted, self._sampled, num_items):
+            while not self._closed and not self._can_sample(num_items):
                 if not self._wait(deadline, "sample_wait"):
                     return None
             if self._closed:
                 return None
             began = time.perf_counter()
-            rows, weights = self._draw(num_batches, batch_size)
+            if self.max_times_sampled is None:
+                rows, weights = self._draw(num_batches, batch_size)
+                generations = (self._inserted - 1 - rows) // self.capacity
+                indices = (rows + generations * self.capacity).astype(np.int64)
+            else:
+                rows, weights, items = self._draw_consuming(num_batches, batch_size)
+                indices = items * self.capacity + rows
             transitions = {name: array[rows] for name, array in self._storage.items()}
-            generations = (self._inserted - 1 - rows) // self.capacity
-            indices = (rows + generations * self.capacity).astype(np.int64)
             self._sampled += num_items
             self._seconds["sample"] += time.perf_counter() - began
             self._condition.notify_all()
         return {"transitions": transitions, "indices": indices, "weights": weights}
+
+    def _can_sample(self, num_items: int) -> bool:
+        """The rate limiter's verdict and, for consumed items, a table holding the limiter's
+        minimum with `num_items` draws left; lock held."""
+        if not self.rate_limiter.can_sample(self._inserted, self._sampled, num_items):
+            return False
+        if self.max_times_sampled is None:
+            return True
+        return self._held() >= self.rate_limiter.min_size and self._draws_left >= num_items
+
+    def _draw_consuming(self, num_batches: int, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows, importance weights and item sequences `[K, B]`, each item drawn at most its
+        remaining times: independent draws from the tree, each round keeping as many draws of a
+        row as it has left, the rest drawn again; rows drawn out are removed. Lock held."""
+        wanted = num_batches * batch_size
+        held = self._held()
+        rows, probabilities, items = [], [], []
+        while wanted > 0:
+            total = self._tree.total()
+            if total > 0.0:
+                drawn = self._tree.find(self._rng.random(wanted) * total)
+            else:  # every held priority is zero: uniform over the held items, as the ring does.
+                drawn = self._rng.choice(np.flatnonzero(self._row_item >= 0), wanted)
+            order = np.argsort(drawn, kind="stable")
+            sorted_rows = drawn[order]
+            first = np.searchsorted(sorted_rows, sorted_rows, side="left")
+            rank = np.empty(wanted, np.int64)
+            rank[order] = np.arange(wanted) - first  # how many earlier draws this round hit the same row
+            left = np.where(self._row_item[drawn] >= 0, self.max_times_sampled - self._times_sampled[drawn], 0)
+            kept = drawn[rank < left]
+            rows.append(kept)
+            items.append(self._row_item[kept])
+            probabilities.append(self._tree.values(kept) / total if total > 0.0 else np.full(len(kept), 1.0 / held))
+            unique, counts = np.unique(kept, return_counts=True)
+            self._times_sampled[unique] += counts
+            self._draws_left -= len(kept)
+            for row in unique[self._times_sampled[unique] >= self.max_times_sampled]:
+                self._remove(row)  # drawn out: nothing left to subtract from the draws left.
+                self._removed["sampled_out"] += 1
+            wanted -= len(kept)
+        rows = np.concatenate(rows).reshape(num_batches, batch_size)
+        items = np.concatenate(items).reshape(rows.shape)
+        if not self.prioritized:
+            return rows, np.ones(rows.shape, np.float32), items
+        weights = (held * np.concatenate(probabilities).reshape(rows.shape)) ** -self.importance_exponent
+        return rows, (weights / weights.max(axis=1, keepdims=True)).astype(np.float32), items
 
     def _draw(self, num_batches: int, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows `[K, B]` and normalised importance weights `[K, B]` float32; lock held."""
@@ -282,6 +409,9 @@ class ReplayServer:
         if self._tree is None:
             return
         indices = indices.astype(np.int64)
+        if self.max_times_sampled is not None:
+            self._update_consumable_priorities(indices, priorities)
+            return
         with self._condition:
             current = (indices >= self._inserted - self.capacity) & (indices >= 0) & (indices < self._inserted)
             if not current.any():
@@ -290,12 +420,24 @@ class ReplayServer:
             self._tree.update(indices[current] % self.capacity, fresh ** self.priority_exponent)
             self._max_priority = max(self._max_priority, float(fresh.max()))
 
+    def _update_consumable_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        """`update_priorities` for consumed items: indices `s * capacity + row` whose row still
+        holds item `s`."""
+        rows, items = indices % self.capacity, indices // self.capacity
+        with self._condition:
+            current = (indices >= 0) & (self._row_item[rows] == items)
+            if not current.any():
+                return
+            fresh = priorities[current]
+            self._tree.update(rows[current], fresh ** self.priority_exponent)
+            self._max_priority = max(self._max_priority, float(fresh.max()))
+
     # ----------------------------------------------------------------------------- node
 
     def size(self) -> int:
-        """How many items the ring holds now."""
+        """How many items the replay holds now."""
         with self._lock:
-            return min(self._inserted, self.capacity)
+            return self._held()
 
     def close(self) -> None:
         """Wakes every blocked `insert`/`sample` (they return at once); later calls return
@@ -321,7 +463,8 @@ class ReplayServer:
             return {
                 "inserted": self._inserted,
                 "sampled": self._sampled,
-                "size": min(self._inserted, self.capacity),
+                "size": self._held(),
+                **({} if self.max_times_sampled is None else {"removed_" + kind: count for kind, count in self._removed.items()}),
                 "insert_seconds": self._seconds["insert"],
                 "sample_seconds": self._seconds["sample"],
                 "insert_wait_seconds": self._seconds["insert_wait"],

@@ -25,7 +25,7 @@ from qrl.distributed.launching import (
     DEFAULT_BIND_ADDRESS, InProcessBackend, NodeFailure, NodeRef, NodeSpec, Program, check_bind_address, supervise,
 )
 from qrl.distributed.learner import Learner
-from qrl.distributed.rate_limiters import SampleToInsertRatio, default_error_buffer
+from qrl.distributed.rate_limiters import MinSize, SampleToInsertRatio, default_error_buffer
 from qrl.distributed.replay import ReplayServer
 from qrl.envs.ids import HOST_FAMILIES, check_seed, split_env_id
 from qrl.errors import QrlInputError
@@ -33,6 +33,10 @@ from qrl.ranges import ANY_FINITE, AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, chec
 from qrl.logging import MetricsLogger
 
 LAUNCHERS = ("inprocess", "ray")
+# How the replay paces the learner against the actors: `samples_per_insert` (Reverb's
+# SampleToInsertRatio: data reuse fixed, either side may wait) or `min_size` (Reverb's MinSize:
+# actors never wait; with `max_times_sampled` the learner consumes only what actors produce).
+RATE_LIMITERS = ("samples_per_insert", "min_size")
 CONFIG_FILE, RESULTS_FILE, CHECKPOINT_DIR = "config.json", "results.json", "checkpoints"
 # Settings a resumed run may change; everything else must match the run it continues.
 RESUMABLE_FIELDS = (
@@ -64,6 +68,8 @@ class ActorQConfig:
     sync_pull: bool = False
     publish_period: int = 100  # learner updates between publishes.
     insert_chunk: int = 64  # transitions per replay insert.
+    rate_limiter: str = "samples_per_insert"  # or "min_size": QuaRL's regime, only a minimum size (RATE_LIMITERS).
+    max_times_sampled: Optional[int] = None  # items removed after this many draws (QuaRL's run scripts: 16); None: kept.
     samples_per_insert: Optional[float] = None  # None: the agent's gradient_steps * batch_size / train_freq.
     samples_per_insert_tolerance: float = 0.1  # Acme's tolerance rate (error buffer = min size * spi * this).
     min_replay_size: Optional[int] = None  # None: the agent's max(learning_starts, batch_size).
@@ -115,6 +121,11 @@ def validate(config: ActorQConfig) -> None:
                             f"got {config.actor_int8_scheme!r}")
     if config.actor_runtime not in ACTOR_RUNTIMES:
         raise QrlInputError(f"--actor_runtime must be one of {', '.join(ACTOR_RUNTIMES)}, got {config.actor_runtime!r}")
+    if config.rate_limiter not in RATE_LIMITERS:
+        raise QrlInputError(f"--rate_limiter must be one of {', '.join(RATE_LIMITERS)}, got {config.rate_limiter!r}")
+    if config.rate_limiter == "min_size" and config.samples_per_insert is not None:
+        raise QrlInputError("--samples_per_insert sets the samples_per_insert limiter's ratio; "
+                            "--rate_limiter=min_size has none")
     if config.launcher not in LAUNCHERS:
         raise QrlInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {config.launcher!r}")
     if config.ray_address and config.launcher != "ray":
@@ -124,7 +135,8 @@ def validate(config: ActorQConfig) -> None:
     if all(value is None for value in stops):
         raise QrlInputError("give a stop condition: --max_learner_steps, --max_actor_steps, --max_seconds or --target_return")
     counts = ("envs_per_actor", "actor_update_period", "publish_period", "insert_chunk", "eval_episodes",
-              "max_learner_steps", "max_actor_steps", "min_replay_size", "replay_capacity", "max_eval_episode_steps")
+              "max_learner_steps", "max_actor_steps", "min_replay_size", "replay_capacity", "max_eval_episode_steps",
+              "max_times_sampled")
     rates = ("max_seconds", "samples_per_insert", "eval_every_seconds", "exploration_first", "exploration_last")
     check_ranges([
         ("--num_actors", config.num_actors, AT_LEAST_1),
@@ -167,12 +179,14 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
         config.exploration_last if config.exploration_last is not None else last,
     )
     comm_precision = config.resolved_comm_precision
+    rate_limiter = (MinSize(min_size) if config.rate_limiter == "min_size"
+                    else SampleToInsertRatio(samples_per_insert, min_size, error_buffer))
     nodes = [
         NodeSpec("counter", Counter, {}, concurrency=4),
         NodeSpec("replay", ReplayServer, dict(
-            capacity=max(capacity, min_size), rate_limiter=SampleToInsertRatio(samples_per_insert, min_size, error_buffer),
+            capacity=max(capacity, min_size), rate_limiter=rate_limiter,
             prioritized=config.prioritized, priority_exponent=config.priority_exponent,
-            importance_exponent=config.importance_exponent, seed=config.seed,
+            importance_exponent=config.importance_exponent, seed=config.seed, max_times_sampled=config.max_times_sampled,
         ), concurrency=config.num_actors + 6),
         NodeSpec("broadcaster", Broadcaster, {}, concurrency=config.num_actors + 4),
         NodeSpec("learner", Learner, dict(
@@ -418,6 +432,8 @@ def _results(config: ActorQConfig, outcome, progress: _Progress, pids: dict, met
             "replay": {"insert": replay.get("insert_seconds", 0.0), "sample": replay.get("sample_seconds", 0.0),
                        "insert_wait": replay.get("insert_wait_seconds", 0.0),
                        "sample_wait": replay.get("sample_wait_seconds", 0.0)},
+            "replay_items": {key: int(replay.get(key, 0)) for key in ("inserted", "sampled", "size", "removed_sampled_out",
+                                                                      "removed_evicted") if key in replay},
             "pulls": int(sum(s["pulls"] for s in actor_stats)),
             "loads": int(sum(s["loads"] for s in actor_stats)),
         },

@@ -23,6 +23,9 @@ CASES = [
     _case("unknown-precision", "unknown actor precision 'int4'", _W, "--actor_precision=int4"),
     _case("unknown-int8-scheme", "--actor_int8_scheme must be one of int8, int8-dyn, quarl_dyn8, int8-obst-sym, "
           "int8-obst-sym-dyn, got 'int4-dyn'", _W, "--actor_int8_scheme=int4-dyn"),
+    _case("min-size-with-a-ratio", "--rate_limiter=min_size has none", _W, "--rate_limiter=min_size",
+          "--samples_per_insert=4"),
+    _case("max-times-sampled-zero", "--max_times_sampled must be >= 1", _W, "--max_times_sampled=0"),
     _case("unknown-actor-runtime", "--actor_runtime must be one of jax, onnx, got 'tflite'", _W, "--actor_runtime=tflite"),
     _case("unknown-env", "NoSuchEnv", _W, "--env=gym:NoSuchEnv-v0"),
     _case("workdir-is-a-file", "exists and is not a directory", "--workdir={tmp}/afile", setup=a_file),
