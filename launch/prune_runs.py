@@ -244,12 +244,9 @@ def restore_offline_run(workdir: str, step: Optional[int] = None, require_finish
     (`step`, or the newest intact one; with `require_finished` an unfinished run is refused,
     naming its newest step). The dataset the run trained on must still be where it was."""
     from agents import get_offline_agent
-    from qrl.checkpointing import Checkpointer
+    from launch.runs import read_run_config, restore_checkpoint
 
-    config_path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(config_path):
-        raise QrlInputError(f"{workdir} has no config.json: not an offline run directory")
-    run_config = io.read_json(config_path)
+    config_path, run_config = read_run_config(workdir, "an offline")
     try:
         algo = get_offline_agent(run_config["algo"])
         config = algo.Config.from_dict(run_config["agent_config"])
@@ -267,17 +264,7 @@ def restore_offline_run(workdir: str, step: Optional[int] = None, require_finish
     masks = {name: mask for name, mask in masks.items() if mask is not None}
     template = algo.build(config, observation_spec, action_spec, mask=masks or None).init(jax.random.PRNGKey(0))
     finished = os.path.isfile(os.path.join(workdir, RESULTS_FILE))
-    with Checkpointer(os.path.join(workdir, "checkpoints")) as checkpointer:
-        if step is not None:
-            state = checkpointer.restore(template, step=step)
-        else:
-            newest = checkpointer.latest_step()
-            if newest is None:
-                raise QrlInputError(f"{workdir} has no policy checkpoint to export")
-            if require_finished and not finished:
-                raise QrlInputError(f"the run in {workdir} is unfinished (no {RESULTS_FILE}); its newest checkpoint is step "
-                                    f"{newest}: pass --step={newest} to export that checkpoint")
-            step, state = checkpointer.restore_newest_intact(template)
+    step, state = restore_checkpoint(workdir, template, step, require_finished and not finished)
     return RestoredOfflineRun(workdir, run_config, algo, config, state, masks, dataset, env_id, observation_spec,
                               action_spec, int(step), finished)
 

@@ -63,10 +63,7 @@ def restore_run(workdir: str, step: Optional[int] = None, require_finished: bool
     require_workdir(workdir, writable=False)
     if not os.path.isdir(workdir):
         raise QrlInputError(f"workdir {workdir} does not exist")
-    config_path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(config_path):
-        raise QrlInputError(f"{workdir} has no {CONFIG_FILE}: not a launch.train run directory")
-    run_config = io.read_json(config_path)
+    config_path, run_config = read_run_config(workdir, "a launch.train")
     try:
         agent = get_agent(run_config["agent"])
         config = agent.Config.from_dict(run_config["agent_config"])
@@ -79,18 +76,33 @@ def restore_run(workdir: str, step: Optional[int] = None, require_finished: bool
     env.close()
     template = agent.init_state(config, observation_spec, action_spec)
     finished = is_finished(workdir)
+    step, state = restore_checkpoint(workdir, template, step, require_finished and not finished)
+    return RestoredRun(workdir, run_config, agent, config, state, observation_spec, action_spec, int(step), finished)
+
+
+def read_run_config(workdir: str, kind: str) -> tuple[str, dict]:
+    """`(path, contents)` of the run's config.json; its absence says the directory is not `kind`
+    run directory."""
+    config_path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.isfile(config_path):
+        raise QrlInputError(f"{workdir} has no {CONFIG_FILE}: not {kind} run directory")
+    return config_path, io.read_json(config_path)
+
+
+def restore_checkpoint(workdir: str, template: Any, step: Optional[int], refuse_unfinished: bool) -> tuple[int, Any]:
+    """`(step, state)` of checkpoint `step` under `workdir/checkpoints`, or of the newest intact
+    one; with `refuse_unfinished` (no explicit step, no results.json) the run is refused, naming
+    its newest checkpoint step and `--step`."""
     with Checkpointer(os.path.join(workdir, CHECKPOINT_DIR)) as checkpointer:
         if step is not None:
-            state = checkpointer.restore(template, step=step)
-        else:
-            newest = checkpointer.latest_step()
-            if require_finished and newest is not None and not finished:
-                raise QrlInputError(
-                    f"the run in {workdir} is unfinished (no {RESULTS_FILE}); its newest checkpoint is step "
-                    f"{newest}: pass --step={newest} to evaluate that checkpoint"
-                )
-            step, state = checkpointer.restore_newest_intact(template)
-    return RestoredRun(workdir, run_config, agent, config, state, observation_spec, action_spec, int(step), finished)
+            return step, checkpointer.restore(template, step=step)
+        newest = checkpointer.latest_step()
+        if refuse_unfinished and newest is not None:
+            raise QrlInputError(
+                f"the run in {workdir} is unfinished (no {RESULTS_FILE}); its newest checkpoint is step "
+                f"{newest}: pass --step={newest} to use that checkpoint"
+            )
+        return checkpointer.restore_newest_intact(template)
 
 
 def check_run_config(config: Any, steps: int, num_envs: Optional[int] = None) -> None:

@@ -486,15 +486,20 @@ def test_actor_single_env_interface_loads_new_versions_on_update(cartpole_specs,
     assert counter.get_counts()["actor_steps"] == 2
 
 
-@pytest.mark.parametrize("scheme", ["int8", "int8-obst-sym"])
-def test_int8_actor_uses_static_scales_and_agrees_with_fp32(cartpole_specs, pool, scheme):
+def int8_publish(cartpole_specs, scheme):
+    """A 64-64 DQN's factory, agent, fp32 params, 300 CartPole observations and its int8 blob at
+    `scheme` (ranges calibrated on those observations)."""
     factory = dqn_factory(hidden_sizes="64-64")
     agent = factory(*cartpole_specs)
     params = dqn_params(agent, seed=3)
     observations = cartpole_observations(300)
-    network = agent.policy_network(FP32)
-    ranges = calibrate(network.apply, params, observations)
-    blob = weights.encode(params, "int8", ranges, int8_scheme=scheme)
+    ranges = calibrate(agent.policy_network(FP32).apply, params, observations)
+    return factory, agent, params, observations, weights.encode(params, "int8", ranges, int8_scheme=scheme)
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int8-obst-sym"])
+def test_int8_actor_uses_static_scales_and_agrees_with_fp32(cartpole_specs, pool, scheme):
+    factory, agent, params, observations, blob = int8_publish(cartpole_specs, scheme)
     handles, broadcaster, _ = make_nodes(pool, ReplayServer(100, MinSize(1)))
     broadcaster.publish(0, blob)
     actor = make_actor(factory, handles, actor_precision="int8", noise_scale=0.0)
@@ -518,12 +523,7 @@ def test_int8_actor_uses_static_scales_and_agrees_with_fp32(cartpole_specs, pool
 
 @pytest.mark.parametrize("scheme", ["quarl_dyn8", "int8"])
 def test_onnx_actor_acts_as_the_jax_actor_at_its_int8_scheme(cartpole_specs, pool, scheme):
-    factory = dqn_factory(hidden_sizes="64-64")
-    agent = factory(*cartpole_specs)
-    params = dqn_params(agent, seed=3)
-    observations = cartpole_observations(300)
-    ranges = calibrate(agent.policy_network(FP32).apply, params, observations)
-    blob = weights.encode(params, "int8", ranges, int8_scheme=scheme)
+    factory, agent, _, observations, blob = int8_publish(cartpole_specs, scheme)
     actions = {}
     for runtime in ("jax", "onnx"):
         handles, broadcaster, _ = make_nodes(pool, ReplayServer(100, MinSize(1)))
