@@ -9,7 +9,7 @@ BENCH_VENV := .venv-bench
 export PYTHONPATH := $(CURDIR)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv demo test test-all bench bench-deps clean
+.PHONY: venv venv-cuda demo test test-all bench bench-deps clean
 
 $(INSTALLED): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ $(INSTALLED): requirements.txt
 	touch $(INSTALLED)
 
 venv: $(INSTALLED)
+
+# On a CUDA machine only: JAX's CUDA 12 backend, so the ActorQ learner can run on the GPU
+# (`--learner_device=gpu`) while actors stay on CPU.
+venv-cuda: $(INSTALLED)
+	$(PY) -m pip install --quiet -r requirements-cuda.txt
 
 demo: $(INSTALLED)
 	$(PY) -m launch.demo --workdir=runs/demo

@@ -28,6 +28,7 @@ from launch import common
 from agents.actorq import run_actorq
 from qrl.distributed.launching import NodeFailure
 from qrl.distributed.run import ActorQConfig
+from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
 _DEFAULTS = ActorQConfig()
@@ -38,6 +39,10 @@ flags.DEFINE_string("workdir", None, "Directory for everything the run writes (r
 flags.DEFINE_integer("num_actors", _DEFAULTS.num_actors, "Actors (each its own process under --launcher=ray).")
 flags.DEFINE_integer("envs_per_actor", _DEFAULTS.envs_per_actor, "Environments each actor steps with one batched policy call.")
 flags.DEFINE_string("actor_precision", _DEFAULTS.actor_precision, "Actors' policy precision: fp32, bf16, fp16 or int8.")
+flags.DEFINE_string("learner_device", _DEFAULTS.learner_device,
+                    "Where the learner's state and updates live: cpu, or gpu (needs make venv-cuda); actors stay on CPU.")
+flags.DEFINE_list("actor_resources", [], "Custom Ray resources each actor requests, name:amount (e.g. actor_host:1): "
+                  "a cluster places actors only on nodes started with them (ray start --resources).")
 flags.DEFINE_string("actor_runtime", _DEFAULTS.actor_runtime,
                     "What runs the actors' policy: jax (jitted) or onnx (ONNX Runtime, fed each weight update).")
 flags.DEFINE_string("comm_precision", None,
@@ -83,11 +88,24 @@ flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its lates
 flags.DEFINE_bool("overwrite", False, "Replace a run already in --workdir.")
 
 
+def _resources(items) -> dict:
+    """`["name:amount", ...]` -> `{name: float(amount)}`; a malformed item is an input error."""
+    resources = {}
+    for item in items:
+        name, _, amount = item.partition(":")
+        try:
+            resources[name.strip()] = float(amount)
+        except ValueError:
+            raise QrlInputError(f"--actor_resources: {item!r} is not name:amount") from None
+    return resources
+
+
 def config_from_flags() -> ActorQConfig:
     return ActorQConfig(
         agent=FLAGS.agent, env=FLAGS.env, seed=FLAGS.seed, num_actors=FLAGS.num_actors,
         envs_per_actor=FLAGS.envs_per_actor, actor_precision=FLAGS.actor_precision.strip().lower(),
-        actor_runtime=FLAGS.actor_runtime.strip().lower(),
+        actor_runtime=FLAGS.actor_runtime.strip().lower(), learner_device=FLAGS.learner_device.strip().lower(),
+        actor_resources=_resources(FLAGS.actor_resources),
         comm_precision=FLAGS.comm_precision.strip().lower() if FLAGS.comm_precision else None,
         compress=FLAGS.compress, actor_int8_scheme=FLAGS.actor_int8_scheme.strip().lower(),
         actor_update_period=FLAGS.actor_update_period, sync_pull=FLAGS.sync_pull, publish_period=FLAGS.publish_period,

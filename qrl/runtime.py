@@ -50,3 +50,24 @@ def configure_jax(xla_threads: Optional[int] = None) -> bool:
 def single_threaded_xla() -> bool:
     """Whether this process asked XLA:CPU for a one-thread pool."""
     return os.environ.get("PJRT_NPROC") == "1"
+
+
+DEVICE_KINDS = ("cpu", "gpu")
+
+
+def device_of(kind: str) -> "jax.Device":
+    """The first JAX device of `kind` (`DEVICE_KINDS`); a one-line input error when this
+    process's JAX has none (a GPU needs `make venv-cuda` on a CUDA machine)."""
+    from qrl.errors import QrlInputError
+
+    if kind not in DEVICE_KINDS:
+        raise QrlInputError(f"device kind must be one of {', '.join(DEVICE_KINDS)}, got {kind!r}")
+    try:
+        devices = jax.devices(kind)
+    except RuntimeError:
+        devices = []
+    if not devices:
+        platforms = ", ".join(sorted({device.platform for device in jax.devices()}))
+        raise QrlInputError(f"JAX sees no {kind} device here (it sees: {platforms}); a GPU learner needs JAX's CUDA "
+                            "backend: make venv-cuda on a CUDA machine")
+    return devices[0]

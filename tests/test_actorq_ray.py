@@ -271,3 +271,53 @@ def test_resume_from_corrupt_checkpoints_is_one_line_and_exit_2(killed_learner_r
     assert process.returncode == 2, stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and "checkpoint" in lines[0], stderr
     _assert_no_orphans(run_id)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _raylets(run_id: str) -> set[int]:
+    return {process.pid for process in _run_processes(run_id) if "raylet" in (process.info["name"] or "")}
+
+
+def test_actors_run_on_the_second_node_of_a_two_node_cluster(tmp_path, run_id):
+    """A Ray head and a second Ray node (separate processes, the second offering `actor_host`),
+    both on 127.0.0.1, token-authenticated as Ray >= 2.59 sets up clusters; ActorQ joins with
+    --ray_address, its actors land on the second node, the run finishes, and stopping the cluster
+    leaves no process behind."""
+    import secrets
+
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": REPO, RUN_MARKER: run_id, "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    try:
+        subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                        *common], env=env, check=True, capture_output=True, timeout=120)
+        head = _raylets(run_id)
+        subprocess.run([ray_cli, "start", f"--address=127.0.0.1:{port}", "--num-cpus=2",
+                        '--resources={"actor_host": 2}', *common], env=env, check=True, capture_output=True, timeout=120)
+        (second,) = _raylets(run_id) - head
+        workdir = tmp_path / "run"
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "launch.actorq", "--launcher=ray", f"--ray_address=127.0.0.1:{port}",
+             "--actor_resources=actor_host:1", "--num_actors=2", "--max_learner_steps=30", f"--workdir={workdir}",
+             *SMALL_DQN],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        actors = _wait_for_actors(run_id, 2, driver)
+        assert {actor.ppid() for actor in actors} == {second}, "every actor runs on the node offering actor_host"
+        output = _communicate(driver, 240)
+        assert driver.returncode == 0, output[-3000:]
+        results = json.loads((workdir / "results.json").read_text())
+        assert results["config"]["actor_resources"] == {"actor_host": 1.0} and results["counts"]["learner_steps"] >= 30
+        for node_class in ("Actor", "Learner", "ReplayServer", "Broadcaster", "Evaluator", "Counter"):
+            assert not _node_processes(run_id, node_class), f"{node_class} left on the cluster after the run"
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
+    _assert_no_orphans(run_id)

@@ -599,6 +599,18 @@ def test_learner_steps_publish_and_serve_the_updated_params(cartpole_specs, pool
     assert set(stats["metrics"]) == {"loss", "q_mean"}
 
 
+def test_learner_state_lives_on_its_device_and_a_missing_device_is_an_input_error(cartpole_specs, pool):
+    from qrl import runtime
+
+    handles, _, _ = make_nodes(pool, filled_replay())
+    learner = make_learner(dqn_factory(), cartpole_specs, handles, device="cpu")
+    assert {device.platform for leaf in jax.tree.leaves(learner._state) for device in leaf.devices()} == {"cpu"}
+    assert learner.step()  # the update ran where the state is.
+    if not any(device.platform == "gpu" for device in jax.devices()):
+        with pytest.raises(QrlInputError, match="JAX sees no gpu device here"):
+            runtime.device_of("gpu")
+
+
 def test_learner_run_publishes_at_start_and_stops_at_max_steps(cartpole_specs, pool):
     handles, broadcaster, counter = make_nodes(pool, filled_replay())
     learner = make_learner(dqn_factory(), cartpole_specs, handles, comm_precision="int8", publish_period=100,

@@ -25,13 +25,15 @@ BACKENDS = ("jax", "onnx")
 
 
 class JaxPolicyBackend:
-    """`policy(params, observations)` jitted; `prepare` puts params on the device."""
+    """`policy(params, observations)` jitted on the CPU (where actors run, whatever accelerator
+    the process also sees); `prepare` puts params there."""
 
     def __init__(self, policy: Callable[[Any, Any], Any]):
         self._policy = jax.jit(policy)
+        self._device = jax.devices("cpu")[0]
 
     def prepare(self, params: Any) -> Any:
-        return jax.block_until_ready(jax.device_put(params))
+        return jax.block_until_ready(jax.device_put(params, self._device))
 
     def __call__(self, params: Any, observations: np.ndarray) -> np.ndarray:
         return np.asarray(self._policy(params, observations))

@@ -72,7 +72,7 @@ class NodeRef:
 @dataclasses.dataclass
 class NodeSpec:
     """One node: `factory(**kwargs)` builds it (a class importable by name, so Ray can build it
-    in another process); `num_cpus` is its Ray CPU request; `concurrency` how many calls it may
+    in another process); `num_cpus` / `num_gpus` its Ray CPU / GPU request; `concurrency` how many calls it may
     serve at once (its `run` loop counts as one); `restartable` nodes are rebuilt with the same
     kwargs when their process dies."""
 
@@ -80,6 +80,8 @@ class NodeSpec:
     factory: Callable[..., Any]
     kwargs: dict
     num_cpus: float = 0.0
+    num_gpus: float = 0.0
+    resources: dict = dataclasses.field(default_factory=dict)  # custom Ray resources (which nodes may host it)
     concurrency: int = 2
     restartable: bool = False
 

@@ -73,8 +73,10 @@ class Learner:
         max_steps: Optional[int] = None,
         prefetch: bool = True,
         xla_threads: int = 1,
+        device: str = "cpu",
     ):
         runtime.configure_jax(xla_threads)
+        self._device = runtime.device_of(device)  # the train state lives there; its updates run there.
         self._agent = agent_factory(observation_spec, action_spec)
         self._prefetch = bool(prefetch)
         self._next_sample = None
@@ -89,12 +91,13 @@ class Learner:
         self._checkpoint_every = int(checkpoint_every)
         self._checkpointer = Checkpointer(checkpoint_dir) if checkpoint_dir else None
 
-        self._state = self._agent.init(jax.random.PRNGKey(seed))
+        with jax.default_device(self._device):
+            self._state = jax.device_put(self._agent.init(jax.random.PRNGKey(seed)), self._device)
         self.resumed_from: Optional[int] = None
         self.resumed_counts: dict = {}
         if resume and self._checkpointer is not None and self._checkpointer.latest_step() is not None:
             self.resumed_from = self._checkpointer.latest_step()
-            self._state = self._checkpointer.restore(self._state)
+            self._state = jax.device_put(self._checkpointer.restore(self._state), self._device)
             self.resumed_counts = dict((self._checkpointer.restore_extra() or {}).get("counts", {}))
         self._update = jax.jit(self._agent.update, donate_argnums=0)
         self._fp32_apply = self._agent.policy_network(FP32).apply

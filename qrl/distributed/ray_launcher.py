@@ -116,12 +116,18 @@ class RayBackend:
         self._runs: dict[str, Any] = {}
         self._generation: dict[str, int] = {}
 
+    def cluster_resources(self) -> dict[str, float]:
+        """Every resource of the cluster, summed over its nodes (Ray's counts: CPU, GPU, custom)."""
+        return {name: float(amount) for name, amount in ray.cluster_resources().items()}
+
     def create(self, spec: NodeSpec, kwargs: dict) -> RayHandle:
         self._specs[spec.name] = (spec, kwargs)
         generation = self._generation.get(spec.name, -1) + 1
         self._generation[spec.name] = generation
         actor_class = ray.remote(spec.factory).options(
             num_cpus=spec.num_cpus,
+            num_gpus=spec.num_gpus,
+            resources=dict(spec.resources) or None,
             max_concurrency=spec.concurrency,
             max_restarts=0,
             name=f"{self._prefix}-{spec.name}-{generation}",

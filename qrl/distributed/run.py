@@ -9,11 +9,12 @@ estimate; `qrl.distributed.report` reads it) and `breakdown.png`.
 """
 
 import dataclasses
+import math
 import os
 import time
 from typing import Any, Callable, Mapping, Optional
 
-from qrl import envs, io, workdirs
+from qrl import envs, io, runtime, workdirs
 from qrl.distributed import energy, weights
 from qrl.distributed.broadcaster import Broadcaster
 from qrl.distributed.actor import ACTOR_RUNTIMES, Actor
@@ -64,6 +65,10 @@ class ActorQConfig:
     compress: bool = False
     actor_int8_scheme: str = weights.DEFAULT_ACTOR_INT8_SCHEME  # int8 actors' scheme (weights.ACTOR_INT8_SCHEMES).
     actor_runtime: str = "jax"  # what runs the actors' policy: jax or onnx (qrl.deploy.live).
+    learner_device: str = "cpu"  # cpu or gpu: where the learner's state and updates live; actors stay on CPU.
+    # Custom Ray resources every actor requests ({"actor_host": 1}): a cluster then places actors only on
+    # the nodes that offer them (`ray start --resources='{"actor_host": 8}'`). Ray launcher only.
+    actor_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
     actor_update_period: int = 1000  # actor steps between pulls (Acme's variable_update_period).
     sync_pull: bool = False
     publish_period: int = 100  # learner updates between publishes.
@@ -99,6 +104,7 @@ class ActorQConfig:
     def to_dict(self) -> dict:
         values = dataclasses.asdict(self)
         values["overrides"], values["env_options"] = dict(self.overrides), dict(self.env_options)
+        values["actor_resources"] = dict(self.actor_resources)
         return values
 
     @property
@@ -121,6 +127,19 @@ def validate(config: ActorQConfig) -> None:
                             f"got {config.actor_int8_scheme!r}")
     if config.actor_runtime not in ACTOR_RUNTIMES:
         raise QrlInputError(f"--actor_runtime must be one of {', '.join(ACTOR_RUNTIMES)}, got {config.actor_runtime!r}")
+    if config.learner_device not in runtime.DEVICE_KINDS:
+        raise QrlInputError(f"--learner_device must be one of {', '.join(runtime.DEVICE_KINDS)}, "
+                            f"got {config.learner_device!r}")
+    if config.learner_device != "cpu" and not (config.launcher == "ray" and config.ray_address):
+        try:  # this machine runs the learner: it must see the device (a cluster's is checked on joining).
+            runtime.device_of(config.learner_device)
+        except QrlInputError as error:
+            raise QrlInputError(f"--learner_device={config.learner_device}: {error}") from None
+    if config.actor_resources and config.launcher != "ray":
+        raise QrlInputError("--actor_resources places actors on Ray nodes: it needs --launcher=ray")
+    for name, amount in dict(config.actor_resources).items():
+        if not name or not (isinstance(amount, (int, float)) and math.isfinite(amount) and amount > 0):
+            raise QrlInputError(f"--actor_resources: {name!r} needs a positive amount, got {amount!r}")
     if config.rate_limiter not in RATE_LIMITERS:
         raise QrlInputError(f"--rate_limiter must be one of {', '.join(RATE_LIMITERS)}, got {config.rate_limiter!r}")
     if config.rate_limiter == "min_size" and config.samples_per_insert is not None:
@@ -197,8 +216,8 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
             prioritized=config.prioritized,
             checkpoint_dir=os.path.join(os.path.abspath(workdir), CHECKPOINT_DIR) if workdir else None,
             checkpoint_every=config.checkpoint_every, resume=resume, max_steps=config.max_learner_steps,
-            xla_threads=max(1, int(config.learner_cpus)),
-        ), num_cpus=config.learner_cpus, concurrency=4),
+            xla_threads=max(1, int(config.learner_cpus)), device=config.learner_device,
+        ), num_cpus=config.learner_cpus, num_gpus=1.0 if config.learner_device == "gpu" else 0.0, concurrency=4),
         NodeSpec("evaluator", Evaluator, dict(
             agent_factory=factory, observation_spec=observation_spec, action_spec=action_spec, env_id=config.env,
             env_options=dict(config.env_options), seed=config.seed, actor_precision=config.actor_precision,
@@ -214,7 +233,7 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
             noise_scale=noise_scales[actor_id], replay=NodeRef("replay"), broadcaster=NodeRef("broadcaster"),
             counter=NodeRef("counter"), update_period=config.actor_update_period, sync_pull=config.sync_pull,
             insert_chunk=config.insert_chunk, xla_threads=max(1, int(config.actor_cpus)), runtime=config.actor_runtime,
-        ), num_cpus=config.actor_cpus, concurrency=3, restartable=True))
+        ), num_cpus=config.actor_cpus, resources=dict(config.actor_resources), concurrency=3, restartable=True))
     return Program(nodes)
 
 
@@ -374,7 +393,16 @@ def _make_backend(config: ActorQConfig):
     from qrl.distributed.ray_launcher import RayBackend
 
     requested = config.learner_cpus + config.evaluator_cpus + config.num_actors * config.actor_cpus
-    return RayBackend(config.ray_address, num_cpus=requested, bind_address=config.ray_bind_address)
+    backend = RayBackend(config.ray_address, num_cpus=requested, bind_address=config.ray_bind_address)
+    available = backend.cluster_resources()  # a node asking for what no node has would wait forever.
+    missing = [f"{name} {amount:g}" for name, amount in {**({"GPU": 1.0} if config.learner_device == "gpu" else {}),
+                                                         **dict(config.actor_resources)}.items()
+               if available.get(name, 0.0) < amount]
+    if missing:
+        backend.shutdown()
+        raise QrlInputError(f"the Ray cluster at {config.ray_address or 'this machine'} has no node offering "
+                            f"{', '.join(missing)} (--learner_device / --actor_resources)")
+    return backend
 
 
 def _sum_phases(stats_list: list[dict], phases) -> dict:
