@@ -17,7 +17,7 @@ import jax
 from dm_env import specs
 
 from qrl import envs
-from qrl.networks import Dense, MinAtarCNN, NatureCNN, torso_for_observation
+from qrl.networks import Dense, MinAtarCNN, NatureCNN, orthogonal, torso_for_observation
 from qrl.onpolicy import ActorCritic, PolicyHead
 from qrl.quant import FP32, Precision
 
@@ -41,7 +41,7 @@ class Torso(nn.Module):
         if self.kind == "minatar_cnn":
             return MinAtarCNN(precision=self.precision, name="cnn")(x)
         for index, size in enumerate(self.hidden_sizes):
-            x = Dense(size, precision=self.precision, kernel_init=nn.initializers.orthogonal(math.sqrt(2.0)),
+            x = Dense(size, precision=self.precision, kernel_init=orthogonal(math.sqrt(2.0)),
                       name=f"dense_{index}", reads_observation=index == 0)(x)
             x = ACTIVATIONS[self.activation](x)
         return x
@@ -59,7 +59,7 @@ class Actor(nn.Module):
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = Torso(self.torso, tuple(self.hidden_sizes), self.activation, self.precision, name="torso")(observations)
-        return Dense(self.num_outputs, precision=self.precision, kernel_init=nn.initializers.orthogonal(0.01),
+        return Dense(self.num_outputs, precision=self.precision, kernel_init=orthogonal(0.01),
                      name="head", is_output=True)(features)
 
 
@@ -73,7 +73,7 @@ class Critic(nn.Module):
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = Torso(self.torso, tuple(self.hidden_sizes), self.activation, name="torso")(observations)
-        return Dense(1, kernel_init=nn.initializers.orthogonal(1.0), name="head", is_output=True)(features)[..., 0]
+        return Dense(1, kernel_init=orthogonal(1.0), name="head", is_output=True)(features)[..., 0]
 
 
 def make_actor(config, observation_spec: specs.Array, action_spec: specs.Array, precision: Precision = FP32) -> Actor:
