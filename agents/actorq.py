@@ -37,6 +37,20 @@ class AgentFactory:
         return module.actorq_agent(self.config(), observation_spec, action_spec, self.env_id)
 
 
+def actorq_preset(agent: str, name: str) -> "distributed_run.ActorQPreset":
+    """The ActorQ preset `name` of `agent` (its `agents/<agent>/actorq.py` `ACTORQ_PRESETS`)."""
+    presets = importlib.import_module(f"agents.{check_agent(agent)}.actorq").ACTORQ_PRESETS
+    if name not in presets:
+        raise QrlInputError(f"--preset: {agent} has no ActorQ preset {name!r}; it has: {', '.join(sorted(presets))}")
+    return presets[name]
+
+
+def with_preset(config: "distributed_run.ActorQConfig", name: str, explicit=()) -> "distributed_run.ActorQConfig":
+    """`config` with its agent's preset `name` applied (`qrl.distributed.run.apply_preset`):
+    fields named in `explicit` and `config.overrides` keep the caller's values."""
+    return distributed_run.apply_preset(config, actorq_preset(config.agent, name), explicit)
+
+
 def run_actorq(config: "distributed_run.ActorQConfig", workdir: str | None = None, **options) -> dict:
     """`qrl.distributed.run.run_actorq` with this package's agents: the factory comes from the
     config's agent, environment and overrides (the entry point, the study and notebooks use it)."""

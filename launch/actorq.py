@@ -6,6 +6,9 @@
     # the same with each node a Ray actor process (a local Ray; --ray_address=host:port joins a cluster)
     python -m launch.actorq --launcher=ray --agent=dqn --env=gym:CartPole-v1 --num_actors=2 \\
         --actor_precision=int8 --max_learner_steps=20000 --workdir=runs/actorq_dqn
+    # QuaRL's ActorQ setup (2048^3 policy, MinSize limiter, items sampled 16 times, 4 actors, ...)
+    python -m launch.actorq --preset=quarl --agent=d4pg --env=dmc:walker-stand --actor_precision=int8 \
+        --max_seconds=3600 --workdir=runs/actorq_quarl
     # continue a run from its latest learner checkpoint
     python -m launch.actorq ... --workdir=runs/actorq_int8 --resume --max_seconds=1200
 
@@ -19,13 +22,14 @@ node died or failed (one `error:` line naming the last checkpoint); 130 Ctrl-C o
 every node stopped and the learner wrote a final checkpoint.
 """
 
+import dataclasses
 import signal
 import sys
 
 from absl import flags
 
 from launch import common
-from agents.actorq import run_actorq
+from agents.actorq import run_actorq, with_preset
 from qrl.distributed.launching import NodeFailure
 from qrl.distributed.run import ActorQConfig
 from qrl.errors import QrlInputError
@@ -67,6 +71,10 @@ flags.DEFINE_integer("replay_capacity", None, "Replay capacity (default: the age
 flags.DEFINE_bool("prioritized", _DEFAULTS.prioritized, "Proportional prioritized replay (Schaul et al. 2016).")
 flags.DEFINE_float("exploration_first", None, "Actor 0's epsilon (dqn) or Gaussian sigma (d4pg); default: the agent's.")
 flags.DEFINE_float("exploration_last", None, "The last actor's; actors in between are log-spaced.")
+flags.DEFINE_enum("exploration_spacing", _DEFAULTS.exploration_spacing, ["log", "linear"],
+                  "How exploration noise runs from the first actor to the last (linear may start at 0).")
+flags.DEFINE_string("preset", None, "An ActorQ preset of the agent: quarl (QuaRL's ActorQ sizes, replay and settings; "
+                    "see the README). Flags given on the command line and --set values override it.")
 flags.DEFINE_float("eval_every_seconds", _DEFAULTS.eval_every_seconds, "Seconds between evaluations.")
 flags.DEFINE_integer("eval_episodes", _DEFAULTS.eval_episodes, "Episodes per evaluation.")
 flags.DEFINE_integer("max_eval_episode_steps", None, "Cap on each evaluation episode's steps.")
@@ -101,6 +109,17 @@ def _resources(items) -> dict:
 
 
 def config_from_flags() -> ActorQConfig:
+    """The flags as a config; with --preset, the preset fills every setting not given on the
+    command line (and its agent values sit beneath --set)."""
+    config = _config_from_flag_values()
+    if FLAGS.preset is None:
+        return config
+    explicit = [field.name for field in dataclasses.fields(ActorQConfig)
+                if field.name in FLAGS and FLAGS[field.name].present]
+    return with_preset(config, FLAGS.preset.strip().lower(), explicit)
+
+
+def _config_from_flag_values() -> ActorQConfig:
     return ActorQConfig(
         agent=FLAGS.agent, env=FLAGS.env, seed=FLAGS.seed, num_actors=FLAGS.num_actors,
         envs_per_actor=FLAGS.envs_per_actor, actor_precision=FLAGS.actor_precision.strip().lower(),
@@ -113,6 +132,7 @@ def config_from_flags() -> ActorQConfig:
         samples_per_insert=FLAGS.samples_per_insert,
         min_replay_size=FLAGS.min_replay_size, replay_capacity=FLAGS.replay_capacity, prioritized=FLAGS.prioritized,
         exploration_first=FLAGS.exploration_first, exploration_last=FLAGS.exploration_last,
+        exploration_spacing=FLAGS.exploration_spacing,
         eval_every_seconds=FLAGS.eval_every_seconds, eval_episodes=FLAGS.eval_episodes,
         max_eval_episode_steps=FLAGS.max_eval_episode_steps, max_learner_steps=FLAGS.max_learner_steps,
         max_actor_steps=FLAGS.max_actor_steps, max_seconds=FLAGS.max_seconds, target_return=FLAGS.target_return,

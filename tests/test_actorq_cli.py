@@ -35,6 +35,10 @@ D4PG = ["--agent=d4pg", "--env=dmc:cartpole-balance", "--set=critic_hidden_sizes
 # Episodes capped at 5 steps score exactly 5 on CartPole (no policy topples the pole that fast).
 FP32_TARGET = [*DQN, "--num_actors=1", "--actor_precision=fp32", "--max_eval_episode_steps=5", "--target_return=5",
                "--max_seconds=120"]
+# QuaRL's preset with smaller networks and replay minimum; the flags given here override it.
+D4PG_QUARL = ["--agent=d4pg", "--env=dmc:cartpole-balance", "--preset=quarl", "--set=actor_hidden_sizes=64-64-64",
+              "--set=critic_hidden_sizes=32-32-32", "--set=batch_size=32", "--min_replay_size=64", "--num_actors=2",
+              "--max_eval_episode_steps=50", "--max_learner_steps=20", *EVAL]
 ACTOR_PHASES = {"env_step", "inference", "pull_wait", "deserialize", "load", "insert", "other", "total"}
 RAY_PROCESS_NAMES = ("raylet", "gcs_server")
 
@@ -67,8 +71,8 @@ def metrics_rows(workdir):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """Three runs side by side: dqn int8 (2 actors) in QuaRL's replay regime, d4pg int8 with its actor
-    in ONNX Runtime, dqn fp32 with a target return."""
+    """Four runs, three at a time: dqn int8 (2 actors) in QuaRL's replay regime, d4pg int8 with its
+    actor in ONNX Runtime, dqn fp32 with a target return, d4pg with --preset=quarl (shrunk)."""
     root = tmp_path_factory.mktemp("actorq")
     jobs = {
         "dqn_int8": (str(root / "dqn_int8"), [*DQN_INT8, "--max_learner_steps=60"]),
@@ -76,6 +80,7 @@ def finished(tmp_path_factory):
                                                 "--actor_int8_scheme=int8", "--actor_runtime=onnx",
                                                 "--max_learner_steps=20"]),
         "fp32_target": (str(root / "fp32_target"), FP32_TARGET),
+        "d4pg_quarl": (str(root / "d4pg_quarl"), D4PG_QUARL),
     }
     outcomes = launch_all(jobs)
     for name, (completed, _) in outcomes.items():
@@ -156,6 +161,25 @@ def test_d4pg_int8_run_writes_everything(finished):
     assert results["actor_int8_scheme"] == "int8"  # a non-default scheme: static per-feature scales
     assert results["actor_runtime"] == "onnx" and results["config"]["actor_runtime"] == "onnx"
     assert set(results["learner_metrics"]) >= {"critic_loss", "actor_loss"}
+
+
+def test_quarl_preset_fills_what_the_flags_leave_unset(finished):
+    workdir, _ = finished["d4pg_quarl"]
+    results = check_run_directory(workdir, "d4pg", "int8")
+    config = results["config"]
+    assert config["preset"] == "quarl" and results["counts"]["learner_steps"] >= 20
+    # From the preset (QuaRL's actorQ/d4pg): MinSize limiter, items drawn 16 times, uniform replay of 100k.
+    assert (config["rate_limiter"], config["max_times_sampled"], config["replay_capacity"], config["prioritized"]) == (
+        "min_size", 16, 100_000, False)
+    assert config["actor_int8_scheme"] == "quarl_dyn8" and config["exploration_spacing"] == "linear"
+    # Given on the command line: these win over the preset's 2000, 4 actors and period 30.
+    assert (config["min_replay_size"], config["num_actors"], config["actor_update_period"]) == (64, 2, 50)
+    # QuaRL's sigmas i/N for N=4 start at 0 and end at 0.75; two actors take the ends.
+    assert [actor["noise_scale"] for actor in results["actors"]] == [0.0, 0.75]
+    overrides = config["overrides"]
+    assert overrides["architecture"] == "quarl" and overrides["max_grad_norm"] == 40.0 and overrides["n_step"] == 5
+    assert overrides["critic_hidden_sizes"] in ("32-32-32", [32, 32, 32])  # --set wins over the preset's 512-512-256
+    assert results["breakdown"]["replay"]["insert_wait"] == 0.0
 
 
 def test_target_return_stops_an_fp32_run(finished):

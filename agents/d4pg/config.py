@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from qrl import config as qrl_config
 from qrl.errors import QrlInputError
+from qrl.networks.continuous import ARCHITECTURES
 
 
 def validate(config: "Config") -> None:
@@ -26,7 +27,8 @@ def validate(config: "Config") -> None:
     qrl_config.check_fraction(config, ("gamma",), "d4pg")
     qrl_config.check_choice(config, "matmul_dtype", qrl_config.MATMUL_DTYPES, "d4pg")
     qrl_config.check_qat_fields(config, "d4pg")
-    qrl_config.check_minimum(config, ("learning_starts", "exploration_noise", "dqda_clipping"), "d4pg")
+    qrl_config.check_minimum(config, ("learning_starts", "exploration_noise", "dqda_clipping", "max_grad_norm"), "d4pg")
+    qrl_config.check_choice(config, "architecture", ARCHITECTURES, "d4pg")
     if config.num_atoms < 2:
         raise QrlInputError(f"D4PG config num_atoms must be >= 2, got {config.num_atoms}")
     if not config.v_min < config.v_max:
@@ -37,6 +39,7 @@ def validate(config: "Config") -> None:
 class Config(qrl_config.ConfigMethods, agent="d4pg", validate=validate):
     """D4PG hyperparameters. Periods count environment steps unless the name says updates."""
 
+    architecture: str = "default"  # ReLU MLPs; "quarl": QuaRL's ActorQ networks (qrl.networks.continuous.ARCHITECTURES).
     actor_hidden_sizes: tuple[int, ...] = (300, 200)  # Acme make_networks.
     critic_hidden_sizes: tuple[int, ...] = (400, 300)  # Acme make_networks.
     learning_rate: float = 1e-4  # actor and critic; Acme.
@@ -51,6 +54,7 @@ class Config(qrl_config.ConfigMethods, agent="d4pg", validate=validate):
     n_step: int = 5  # Acme.
     exploration_noise: float = 0.3  # Gaussian sigma (in half action ranges); Acme's sigma.
     dqda_clipping: float = 1.0  # clip dQ/da in the policy loss (0 = off); Acme clipping=True.
+    max_grad_norm: float = 0.0  # clip each network's gradient to this global norm (0 = off; Acme TF clipping=True: 40).
     num_atoms: int = 51  # Acme / Bellemare et al. 2017.
     v_min: float = -150.0  # Acme (DM Control: rewards in [0, 1]).
     v_max: float = 150.0  # Acme.

@@ -7,7 +7,8 @@ One update computes both losses from the same (pre-update) parameters, as Acme d
   (`r` the n-step reward sum, `discount` gamma^n times the environment discounts);
 - actor: the deterministic policy gradient through the critic's mean, `dQ/da` clipped to
   `[-dqda_clipping, dqda_clipping]` (rlax's `dpg_loss`).
-Every `target_update_period` updates the targets move by `tau` (1: a hard copy).
+Each network's gradient is clipped to a global norm of `max_grad_norm` when it is positive (Acme's
+TF D4PG with `clipping=True`: 40). Every `target_update_period` updates the targets move by `tau` (1: a hard copy).
 """
 
 from typing import Optional
@@ -32,13 +33,13 @@ training_precision = offpolicy.training_precision  # the config's matmul_dtype: 
 def make_actor(config: Config, bounds, precision: Precision = FP32) -> DeterministicActor:
     """The actor at `precision`: observations -> actions in environment units (the policy)."""
     low, high = bounds
-    return DeterministicActor(low, high, tuple(config.actor_hidden_sizes), precision)
+    return DeterministicActor(low, high, tuple(config.actor_hidden_sizes), precision, config.architecture)
 
 
 def make_critic(config: Config, bounds, precision: Precision = FP32) -> Critic:
     """The categorical critic: `(observations, actions) -> logits [B, num_atoms]`."""
     low, high = bounds
-    return Critic(low, high, tuple(config.critic_hidden_sizes), precision, config.num_atoms)
+    return Critic(low, high, tuple(config.critic_hidden_sizes), precision, config.num_atoms, config.architecture)
 
 
 def init(key: jax.Array, config: Config, observation_size: int, bounds) -> TrainState:
@@ -46,7 +47,7 @@ def init(key: jax.Array, config: Config, observation_size: int, bounds) -> Train
     actor, critic = make_actor(config, bounds), make_critic(config, bounds)
     observations = jnp.zeros((1, observation_size), jnp.float32)
     actions = jnp.zeros((1, len(bounds[0])), jnp.float32)
-    optimizer = offpolicy.adam(config.learning_rate, config.flat_optimizer)
+    optimizer = offpolicy.adam(config.learning_rate, config.flat_optimizer, config.max_grad_norm)
 
     @jax.jit
     def fresh_state(key):
@@ -90,7 +91,7 @@ def make_weighted_one_update(config: Config, bounds, actor_precision: Optional[P
     actor = make_actor(config, bounds, actor_precision)
     target_actor = make_actor(config, bounds, precision)
     critic = make_critic(config, bounds, precision)
-    optimizer = offpolicy.adam(config.learning_rate, config.flat_optimizer)
+    optimizer = offpolicy.adam(config.learning_rate, config.flat_optimizer, config.max_grad_norm)
     atoms = distributional.atoms(config.v_min, config.v_max, config.num_atoms)
 
     def logits(critic_params, observations, actions):

@@ -16,6 +16,10 @@ from qrl import config as qrl_config
 from qrl.errors import QrlInputError
 
 LEARNING_RATE_SCHEDULES = ("constant", "linear")
+# "default": `hidden_sizes` ReLU MLP (or the CNN for frames) with the options below; "quarl":
+# QuaRL's ActorQ Q-network (actorQ/dqn/utils.py make_networks): a tanh MLP whose last hidden
+# layer is linear, Acme's uniform fan-out initialization, a near-zero-initialized head.
+ARCHITECTURES = ("default", "quarl")
 
 
 def validate(config: "Config") -> None:
@@ -29,6 +33,9 @@ def validate(config: "Config") -> None:
         config, ("exploration_initial_eps", "exploration_final_eps", "exploration_fraction"), "dqn",
     )
     qrl_config.check_choice(config, "learning_rate_schedule", LEARNING_RATE_SCHEDULES, "dqn")
+    qrl_config.check_choice(config, "architecture", ARCHITECTURES, "dqn")
+    if config.architecture == "quarl" and (config.dueling or config.layer_norm):
+        raise QrlInputError("DQN architecture=quarl is QuaRL's plain tanh MLP: it takes neither dueling nor layer_norm")
     qrl_config.check_fraction(config, ("tau",), "dqn", low_open=True)
     qrl_config.check_fraction(config, ("gamma",), "dqn")
     qrl_config.check_qat_fields(config, "dqn")
@@ -40,6 +47,7 @@ def validate(config: "Config") -> None:
 class Config(qrl_config.ConfigMethods, agent="dqn", validate=validate):
     """DQN hyperparameters. Periods count environment steps unless the name says updates."""
 
+    architecture: str = "default"  # or "quarl" (ARCHITECTURES).
     hidden_sizes: tuple[int, ...] = (256, 256)  # MLP torso; image observations use Nature CNN.
     layer_norm: bool = False  # MLP hidden layers as dense -> LayerNorm (float32) -> ReLU (OpenAI baselines).
     learning_rate: float = 1e-4  # CleanRL dqn_atari (Adam).

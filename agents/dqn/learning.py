@@ -11,7 +11,8 @@ import optax
 from agents.dqn.config import Config
 from agents.dqn.networks import QNetwork
 from qrl import config as qrl_config, losses
-from qrl.networks import torso_for_observation
+from qrl.errors import QrlInputError
+from qrl.networks import NEAR_ZERO_INIT, torso_for_observation
 from qrl.quant import FP32, Precision, apply_frozen, apply_tracking, init_ranges, qat_precision
 from qrl.replay import Transition
 
@@ -28,10 +29,18 @@ class TrainState:
 
 
 def make_network(config: Config, observation_shape: Sequence[int], num_actions: int, precision: Precision = FP32) -> QNetwork:
-    """The Q-network for these observations at `precision` (CNN for `[H, W, C]` frames)."""
+    """The Q-network for these observations at `precision` (CNN for `[H, W, C]` frames; the
+    `quarl` architecture: QuaRL's ActorQ Q-network, a tanh MLP torso with a linear last layer
+    and a near-zero head, see `qrl.networks.quarl_mlp`)."""
+    torso = torso_for_observation(observation_shape)
+    if config.architecture == "quarl":
+        if torso != "mlp":
+            raise QrlInputError(f"DQN architecture=quarl is QuaRL's MLP for vector observations, not a {torso} torso")
+        return QNetwork(num_actions=num_actions, torso="quarl_mlp", hidden_sizes=tuple(config.hidden_sizes),
+                        precision=precision, head_init=NEAR_ZERO_INIT)
     return QNetwork(
         num_actions=num_actions,
-        torso=torso_for_observation(observation_shape),
+        torso=torso,
         hidden_sizes=tuple(config.hidden_sizes),
         precision=precision,
         dueling=config.dueling,

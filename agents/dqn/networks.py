@@ -20,7 +20,8 @@ class QNetwork(nn.Module):
     plain head where the gap is a tiny difference of two large Q-values. With
     `separate_value_stream`, `V` reads its own torso (`value_torso`, shaped like `torso`) instead
     of sharing the advantages' one, as OpenAI baselines' and stable-baselines' dueling MLPs do.
-    `layer_norm` normalizes the MLP torsos' hidden layers (see `qrl.networks.MLP`).
+    `layer_norm` normalizes the MLP torsos' hidden layers (see `qrl.networks.MLP`); `head_init`
+    initializes the head's kernel (QuaRL's ActorQ Q-network: `qrl.networks.NEAR_ZERO_INIT`).
     """
 
     num_actions: int
@@ -30,12 +31,14 @@ class QNetwork(nn.Module):
     dueling: bool = False
     separate_value_stream: bool = False
     layer_norm: bool = False
+    head_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
 
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
         features = self._torso("torso")(observations)
         if not self.dueling:
-            return Dense(self.num_actions, precision=self.precision, name="head", is_output=True)(features)
+            return Dense(self.num_actions, precision=self.precision, kernel_init=self.head_init, name="head",
+                         is_output=True)(features)
         value_features = self._torso("value_torso")(observations) if self.separate_value_stream else features
         value = Dense(1, precision=self.precision, name="value", is_output=True)(value_features)
         advantages = Dense(self.num_actions, precision=self.precision, name="advantage", is_output=True)(features)

@@ -88,15 +88,20 @@ def fuse_weighted(one_update: Callable[[Any, Transition, jax.Array], tuple[Any, 
     return update
 
 
-def exploration_schedule(num_actors: int, first: float, last: float) -> list[float]:
-    """Each actor's exploration noise, log-spaced from `first` (actor 0) to `last` (actor N-1).
+def exploration_schedule(num_actors: int, first: float, last: float, spacing: str = "log") -> list[float]:
+    """Each actor's exploration noise from `first` (actor 0) to `last` (actor N-1), log-spaced
+    or `linear`. One actor gets `first`.
 
     Ape-X (Horgan et al., 2018) gives actor i of N the epsilon `0.4^(1 + 7 i / (N - 1))`: that
-    is `first=0.4, last=0.4^8` here. One actor gets `first`.
+    is `first=0.4, last=0.4^8`, log-spaced. QuaRL's ActorQ (`get_actor_sigma` in its
+    actorQ/*/utils.py) gives actor i the noise `i / N * maximum`: `first=0`,
+    `last=(N - 1) / N * maximum`, linear.
     """
     if num_actors == 1 or first == last:
         return [float(first)] * num_actors
     fractions = np.arange(num_actors) / (num_actors - 1)
+    if spacing == "linear":
+        return [float(first + (last - first) * fraction) for fraction in fractions]
     return [float(first * (last / first) ** fraction) for fraction in fractions]
 
 

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 from qrl import envs, io, runtime, workdirs
 from qrl.distributed import energy, weights
@@ -38,6 +38,9 @@ LAUNCHERS = ("inprocess", "ray")
 # SampleToInsertRatio: data reuse fixed, either side may wait) or `min_size` (Reverb's MinSize:
 # actors never wait; with `max_times_sampled` the learner consumes only what actors produce).
 RATE_LIMITERS = ("samples_per_insert", "min_size")
+# How the actors' exploration noise runs from actor 0 to actor N-1: `log` (Ape-X's epsilons) or
+# `linear` (QuaRL's `get_actor_sigma`: 0, 1/N, ..., (N-1)/N times a maximum).
+EXPLORATION_SPACINGS = ("log", "linear")
 CONFIG_FILE, RESULTS_FILE, CHECKPOINT_DIR = "config.json", "results.json", "checkpoints"
 # Settings a resumed run may change; everything else must match the run it continues.
 RESUMABLE_FIELDS = (
@@ -84,6 +87,7 @@ class ActorQConfig:
     importance_exponent: float = 0.4
     exploration_first: Optional[float] = None  # actor 0's epsilon / sigma (None: the agent's schedule).
     exploration_last: Optional[float] = None  # actor N-1's.
+    exploration_spacing: str = "log"  # or "linear" (EXPLORATION_SPACINGS).
     eval_every_seconds: float = 10.0
     eval_episodes: int = 5
     max_eval_episode_steps: Optional[int] = None
@@ -100,6 +104,7 @@ class ActorQConfig:
     evaluator_cpus: float = 0.0
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # agent config key=value
     env_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    preset: Optional[str] = None  # the ActorQ preset these values came from (`apply_preset`); a record.
 
     def to_dict(self) -> dict:
         values = dataclasses.asdict(self)
@@ -112,6 +117,28 @@ class ActorQConfig:
         if self.comm_precision:
             return self.comm_precision
         return "fp32" if self.actor_precision == "fp32" else self.actor_precision
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorQPreset:
+    """A named set of run settings (`ActorQConfig` fields) and agent config overrides, e.g. a
+    paper's setup; each agent that runs distributed lists its own (`agents/<name>/actorq.py`)."""
+
+    name: str
+    run: Mapping[str, Any]
+    agent: Mapping[str, Any]
+
+
+def apply_preset(config: ActorQConfig, preset: ActorQPreset, explicit: Iterable[str] = ()) -> ActorQConfig:
+    """`config` with `preset`'s run settings for every field not named in `explicit` (the fields
+    the user set) and its agent values beneath `config.overrides` (the user's overrides win)."""
+    unknown = sorted(set(preset.run) - {field.name for field in dataclasses.fields(ActorQConfig)})
+    if unknown:
+        raise ValueError(f"preset {preset.name!r} sets unknown ActorQ fields: {', '.join(unknown)}")
+    explicit = set(explicit)
+    run = {name: value for name, value in preset.run.items() if name not in explicit}
+    overrides = {**dict(preset.agent), **dict(config.overrides)}
+    return dataclasses.replace(config, **run, overrides=overrides, preset=preset.name)
 
 
 def validate(config: ActorQConfig) -> None:
@@ -156,7 +183,14 @@ def validate(config: ActorQConfig) -> None:
     counts = ("envs_per_actor", "actor_update_period", "publish_period", "insert_chunk", "eval_episodes",
               "max_learner_steps", "max_actor_steps", "min_replay_size", "replay_capacity", "max_eval_episode_steps",
               "max_times_sampled")
-    rates = ("max_seconds", "samples_per_insert", "eval_every_seconds", "exploration_first", "exploration_last")
+    if config.exploration_spacing not in EXPLORATION_SPACINGS:
+        raise QrlInputError(f"--exploration_spacing must be one of {', '.join(EXPLORATION_SPACINGS)}, "
+                            f"got {config.exploration_spacing!r}")
+    noise_ends = ("exploration_first", "exploration_last")
+    if config.exploration_spacing == "log" and any(getattr(config, name) == 0 for name in noise_ends):
+        raise QrlInputError("--exploration_spacing=log needs nonzero --exploration_first and --exploration_last "
+                            "(linear spacing may start at 0)")
+    rates = ("max_seconds", "samples_per_insert", "eval_every_seconds")
     check_ranges([
         ("--num_actors", config.num_actors, AT_LEAST_1),
         ("--num_actors", config.num_actors, Range(maximum=MAX_ACTORS)),
@@ -164,7 +198,7 @@ def validate(config: ActorQConfig) -> None:
         *((f"--{name}", getattr(config, name), POSITIVE) for name in rates),
         ("--target_return", config.target_return, ANY_FINITE),
         *((f"--{name}", getattr(config, name), AT_LEAST_0)
-          for name in ("checkpoint_every", "samples_per_insert_tolerance", "priority_exponent")),
+          for name in ("checkpoint_every", "samples_per_insert_tolerance", "priority_exponent", *noise_ends)),
         ("--importance_exponent", config.importance_exponent, Range(minimum=0, maximum=1)),
         *((f"--{name}", getattr(config, name), allowed) for name in ("learner_cpus", "actor_cpus", "evaluator_cpus")
           for allowed in (AT_LEAST_0, Range(maximum=MAX_CPUS_PER_NODE))),
@@ -196,6 +230,7 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
         config.num_actors,
         config.exploration_first if config.exploration_first is not None else first,
         config.exploration_last if config.exploration_last is not None else last,
+        config.exploration_spacing,
     )
     comm_precision = config.resolved_comm_precision
     rate_limiter = (MinSize(min_size) if config.rate_limiter == "min_size"
@@ -253,9 +288,10 @@ def prepare_workdir(workdir: str, config: ActorQConfig, resume: bool, overwrite:
         workdirs.require_kind(workdir, ("actorq",), "--resume")
         saved = io.read_json(config_path).get("actorq", {})
         current = io.to_json_compatible(config.to_dict())
+        defaults = io.to_json_compatible(ActorQConfig().to_dict())  # for fields newer than the saved run.
         differing = sorted(
             key for key in set(saved) | set(current)
-            if key not in RESUMABLE_FIELDS and saved.get(key) != current.get(key)
+            if key not in RESUMABLE_FIELDS and saved.get(key, defaults.get(key)) != current.get(key)
         )
         if differing:
             details = ", ".join(f"{key} ({saved.get(key)!r} -> {current.get(key)!r})" for key in differing)

@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 from qrl.networks.layers import Dense
+from qrl.networks.torsos import ACME_UNIFORM_INIT, NEAR_ZERO_INIT
 from qrl.quant.precision import FP32, Precision
 
 LOG_STD_MIN = -20.0  # SB3 / sbx SAC.
@@ -78,10 +79,11 @@ def _dense_backward(dtype, residuals, y_cotangent: jax.Array):
 
 
 def dense(x: jax.Array, features: int, precision: Precision, name: str, reads_observation: bool = False,
-          is_output: bool = False) -> jax.Array:
+          is_output: bool = False, kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()) -> jax.Array:
     """`Dense(features, precision, name)(x)` inside a compact module; at bf16/fp16 its
     backward matmuls run at that dtype too (see the module docstring)."""
-    layer = Dense(features, precision=precision, name=name, reads_observation=reads_observation, is_output=is_output)
+    layer = Dense(features, precision=precision, kernel_init=kernel_init, name=name,
+                  reads_observation=reads_observation, is_output=is_output)
     if not _low_precision_float(precision):
         return layer(x)
     call = nn.custom_vjp(
@@ -94,17 +96,48 @@ def dense(x: jax.Array, features: int, precision: Precision, name: str, reads_ob
 
 class TrainingMLP(nn.Module):
     """`qrl.networks.MLP` with `dense` layers: `[..., D] -> [..., hidden_sizes[-1]]`, the same
-    parameter tree, bf16 backward matmuls when trained at bf16."""
+    parameter tree, bf16 backward matmuls when trained at bf16. Without `activate_final` the
+    last layer is linear and a head reads it (QuaRL's ActorQ torso, `qrl.networks.quarl_mlp`)."""
 
     hidden_sizes: Sequence[int]
     precision: Precision = FP32
     activation: Callable[[jax.Array], jax.Array] = nn.relu
+    activate_final: bool = True
+    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for index, size in enumerate(self.hidden_sizes):
-            x = self.activation(dense(x, size, self.precision, f"dense_{index}", reads_observation=index == 0))
+            x = dense(x, size, self.precision, f"dense_{index}", reads_observation=index == 0,
+                      kernel_init=self.kernel_init)
+            if index < len(self.hidden_sizes) - 1 or self.activate_final:
+                x = self.activation(x)
         return x
+
+
+class LayerNormMLP(nn.Module):
+    """Acme's `LayerNormMLP` (acme/tf/networks/continuous.py), the critic torso of Acme's D4PG and
+    QuaRL's ActorQ: dense -> LayerNorm -> tanh, then dense -> elu for every further layer,
+    kernels from `ACME_UNIFORM_INIT`. `[..., D] -> [..., hidden_sizes[-1]]`; the layer norm
+    (`layer_norm_0`) computes in float32 at every precision."""
+
+    hidden_sizes: Sequence[int]
+    precision: Precision = FP32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = dense(x, self.hidden_sizes[0], self.precision, "dense_0", reads_observation=True,
+                  kernel_init=ACME_UNIFORM_INIT)
+        x = jnp.tanh(nn.LayerNorm(dtype=jnp.float32, param_dtype=jnp.float32, name="layer_norm_0")(x))
+        for index, size in enumerate(self.hidden_sizes[1:], start=1):
+            x = nn.elu(dense(x, size, self.precision, f"dense_{index}", kernel_init=ACME_UNIFORM_INIT))
+        return x
+
+
+# "default": ReLU MLPs; "quarl": QuaRL's ActorQ networks (actorQ/d4pg/utils.py make_networks):
+# the actor a tanh MLP with a linear last hidden layer and a near-zero head, the critic Acme's
+# LayerNormMLP.
+ARCHITECTURES = ("default", "quarl")
 
 
 class DeterministicActor(nn.Module):
@@ -115,11 +148,19 @@ class DeterministicActor(nn.Module):
     action_high: tuple[float, ...]
     hidden_sizes: Sequence[int] = (256, 256)
     precision: Precision = FP32
+    architecture: str = "default"  # or "quarl" (ARCHITECTURES): QuaRL's torso and a near-zero head.
 
     @nn.compact
     def __call__(self, observations: jax.Array) -> jax.Array:
-        features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(observations)
-        pre_tanh = dense(features, len(self.action_low), self.precision, "head", is_output=True)
+        if self.architecture == "quarl":
+            torso = TrainingMLP(tuple(self.hidden_sizes), self.precision, jnp.tanh, activate_final=False,
+                                kernel_init=ACME_UNIFORM_INIT, name="torso")
+            head_init = NEAR_ZERO_INIT
+        else:
+            torso = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")
+            head_init = nn.initializers.lecun_normal()
+        pre_tanh = dense(torso(observations), len(self.action_low), self.precision, "head", is_output=True,
+                         kernel_init=head_init)
         return scale_actions(jnp.tanh(pre_tanh), self.action_low, self.action_high)
 
 
@@ -162,12 +203,14 @@ class Critic(nn.Module):
     hidden_sizes: Sequence[int] = (256, 256)
     precision: Precision = FP32
     num_outputs: int = 1
+    architecture: str = "default"  # or "quarl" (ARCHITECTURES): Acme's LayerNormMLP torso.
 
     @nn.compact
     def __call__(self, observations: jax.Array, actions: jax.Array) -> jax.Array:
         unit_actions = unscale_actions(actions, self.action_low, self.action_high)
         inputs = jnp.concatenate([observations.astype(jnp.float32), unit_actions], axis=-1)
-        features = TrainingMLP(tuple(self.hidden_sizes), self.precision, name="torso")(inputs)
+        torso_type = LayerNormMLP if self.architecture == "quarl" else TrainingMLP
+        features = torso_type(tuple(self.hidden_sizes), self.precision, name="torso")(inputs)
         outputs = dense(features, self.num_outputs, self.precision, "head", is_output=True)
         return outputs[..., 0] if self.num_outputs == 1 else outputs
 

@@ -18,7 +18,10 @@ CASES = [
     _case("negative-actor-cpus", "--actor_cpus must be >= 0", _W, "--actor_cpus=-1"),
     _case("no-actors", "--num_actors must be >= 1", _W, "--num_actors=0"),
     _case("too-many-actors", "--num_actors must be <= 1024", _W, "--num_actors=100000"),
-    _case("negative-exploration", "--exploration_first must be > 0", _W, "--exploration_first=-0.1"),
+    _case("negative-exploration", "--exploration_first must be >= 0", _W, "--exploration_first=-0.1"),
+    _case("zero-exploration-log-spaced", "--exploration_spacing=log needs nonzero --exploration_first", _W,
+          "--exploration_first=0"),
+    _case("unknown-preset", "--preset: dqn has no ActorQ preset 'acme'; it has: quarl", _W, "--preset=acme"),
     _case("negative-seed", "seed must be a non-negative integer", _W, "--seed=-1"),
     _case("unknown-precision", "unknown actor precision 'int4'", _W, "--actor_precision=int4"),
     _case("unknown-int8-scheme", "--actor_int8_scheme must be one of int8, int8-dyn, quarl_dyn8, int8-obst-sym, "
