@@ -23,38 +23,13 @@ from matplotlib.figure import Figure
 from pruning.masks import mask_overlap
 from qrl import io
 from qrl.errors import QrlInputError
+from qrl.stats import BOOTSTRAP_REPS, bootstrap_interval, iqm
 
 DENSE = "none"
 IQM_MIN_VALUES = 4
-BOOTSTRAP_REPS = 2000
-CONFIDENCE = 0.95
 LAYER_PLOT_SPARSITY = 0.95
 MEMORY_COLUMNS = ("dense fp32", "pytorch_coo fp32", "bitmask fp32", "csr fp32", "bcoo fp32",
                   "bitmask int8", "csr int8", "bcoo int8")
-
-
-def iqm(values: Sequence[float]) -> float:
-    """Interquartile mean: mean of the sorted values without `int(n / 4)` at each end (the mean
-    when n < 4)."""
-    ordered = np.sort(np.asarray(values, float))
-    if ordered.size == 0:
-        raise QrlInputError("IQM of no values")
-    cut = ordered.size // 4
-    return float(np.mean(ordered[cut:ordered.size - cut]))
-
-
-def bootstrap_interval(values: Sequence[float], reps: int = BOOTSTRAP_REPS, confidence: float = CONFIDENCE,
-                       seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the IQM: `reps` resamples of the values with replacement."""
-    values = np.asarray(values, float)
-    if values.size == 0:
-        raise QrlInputError("bootstrap interval of no values")
-    draws = np.sort(values[np.random.default_rng(seed).integers(0, values.size, (reps, values.size))], axis=1)
-    cut = values.size // 4
-    stats = draws[:, cut:values.size - cut].mean(axis=1)
-    tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(stats, [tail, 100 - tail])
-    return float(low), float(high)
 
 
 def _field(cell: Mapping, *keys: str) -> Any:

@@ -117,3 +117,17 @@ def test_quarl_dqn_network_and_its_dynamic_int8_actor():
         dqn.config_for("gym:CartPole-v1", {"architecture": "quarl", "dueling": True})
     with pytest.raises(QrlInputError, match="architecture must be one of default, quarl"):
         d4pg.config_for("dmc:cartpole-balance", {"architecture": "acme"})
+
+
+def test_min_size_limiter_refuses_the_ratio_limiters_settings():
+    from qrl.distributed.run import validate
+
+    base = dict(agent="dqn", env="gym:CartPole-v1", max_seconds=5.0, rate_limiter="min_size")
+    validate(ActorQConfig(**base))
+    with pytest.raises(QrlInputError, match="has no ratio to tolerate"):
+        validate(ActorQConfig(**base, samples_per_insert_tolerance=0.5))
+    with pytest.raises(QrlInputError, match="--rate_limiter=min_size has none"):
+        validate(ActorQConfig(**base, samples_per_insert=4.0))
+    with pytest.raises(QrlInputError, match="--exploration_spacing=log needs nonzero"):
+        validate(ActorQConfig(agent="dqn", env="gym:CartPole-v1", max_seconds=5.0, exploration_last=0.0))
+    validate(with_preset(ActorQConfig(agent="dqn", env="gym:CartPole-v1", max_seconds=5.0), "quarl"))

@@ -102,6 +102,22 @@ def test_speedups_pair_seeds_with_the_fp32_rows(results):
     # Seed 0 to target: fp32 0.002 kg × 20/40 s, int8 0.001 kg × 10/40 s.
     assert cartpole["carbon_to_target_ratio"] == pytest.approx((0.002 * 20 / 40) / (0.001 * 10 / 40))
     assert rows[WALKER]["time_to_target_ratio"] is None and rows[WALKER]["actor_steps_per_second_ratio"] == 1.5
+    # Intervals need two paired seeds: none for time to target (one seed), one for actor steps/s. Resampling
+    # the two seeds gives seed 0 twice (1500/1000), seed 1 twice (1800/1200) or both (3300/2200): all 1.5.
+    assert cartpole["time_to_target_ratio_ci"] is None
+    assert cartpole["actor_steps_per_second_ratio_ci"] == pytest.approx([1.5, 1.5])
+    assert rows[WALKER]["actor_steps_per_second_ratio_ci"] is None  # one seed
+
+
+def test_summary_reports_the_actors_policy_and_an_interval_on_time_to_target(results):
+    rows = {(row["env"], row["actor_precision"]): row for row in report.summary_table(results)}
+    fp32, int8 = rows[(CARTPOLE, "fp32")], rows[(CARTPOLE, "int8")]
+    assert fp32["final_return_actor_mean"] == pytest.approx(854.0) and int8["final_return_actor_std"] == pytest.approx(100.0)
+    # fp32 reached at 20 s and 30 s: resampled means lie in [20, 30] and both ends have probability 1/4.
+    assert fp32["time_to_target_ci"] == pytest.approx([20.0, 30.0])
+    assert int8["time_to_target_ci"] is None  # one seed reached
+    text = report.summary_markdown([fp32]) + report.speedup_markdown(report.speedup_table(results))
+    assert "854.0 ± 45.0" in text and "25.0 [20.0, 30.0] (2/2)" in text and "1.50 [1.50, 1.50]" in text
 
 
 def test_target_override_and_disagreeing_targets(results):
@@ -128,8 +144,8 @@ def test_runs_without_energy_are_modelled_from_cpu_seconds(results):
 def test_write_report_writes_tables_plots_and_summary(results, tmp_path):
     paths = report.write_report(results, str(tmp_path), missing=["dmc:walker-stand int8 seed 1 (log x.log)"])
     text = (tmp_path / "report.md").read_text()
-    assert "| d4pg | dmc:cartpole-balance | int8 | int8 | 0,1 | 850.0 ± 100.0 | 10.0 (1/2) | 1,650 |" in text
-    assert "| d4pg | dmc:cartpole-balance | int8 | int8 | 0,1 | 2.00 (1) | 1.50 | 1.00 | 2.00 | 4.00 |" in text
+    assert "| d4pg | dmc:cartpole-balance | int8 | int8 | 0,1 | 850.0 ± 100.0 | 849.0 ± 100.0 | 10.0 (1/2) | 1,650 |" in text
+    assert "| d4pg | dmc:cartpole-balance | int8 | int8 | 0,1 | 2.00 (1) | 1.50 [1.50, 1.50] | 1.00 [1.00, 1.00] | 2.00 | 4.00 |" in text
     assert "| 40.0% | 30.0% |" in text  # actor env_step, inference fractions.
     assert "- 6 run(s): test model" in text and "walker-stand int8 seed 1 (log x.log)" in text
     for name in ("return_vs_time", "return_vs_learner_steps", "breakdown"):
@@ -316,7 +332,7 @@ def test_study_runs_cells_reuses_finished_ones_and_survives_failures(tmp_path):
     assert lines[3].startswith(f"[4/4] {CARTPOLE} int8 seed 1: FAILED: error: actor crashed")
     assert outcome["failed"] == [f"{CARTPOLE} int8 seed 1 (log {workdir}/cells/dmc_cartpole-balance/int8/seed1.log)"]
     text = open(outcome["paths"]["report.md"]).read()
-    assert "| d4pg | dmc:cartpole-balance | int8 | int8 | 0 | 850.0 ± 0.0 | 20.0 (1/1) |" in text
+    assert "| d4pg | dmc:cartpole-balance | int8 | int8 | 0 | 850.0 ± 0.0 | 849.0 ± 0.0 | 20.0 (1/1) |" in text
     assert "## Cells without results" in text
     speedup = json.load(open(os.path.join(workdir, "summary.json")))["speedups"][0]
     assert speedup["paired_seeds"] == [0] and speedup["time_to_target_ratio"] == pytest.approx(30.0 / 20.0)

@@ -8,6 +8,8 @@ means over the paired seeds:
 
 - time to target = fp32 / quantized, over the seeds where BOTH reached the target (> 1: faster);
 - actor steps/s = quantized / fp32 (> 1: faster actors);
+each with a 95% paired percentile-bootstrap interval (seeds resampled with their pairs,
+`qrl.stats.paired_ratio_interval`) once two or more seeds pair up;
 - carbon = fp32 kg / quantized kg for the whole runs (> 1: less carbon), and to target, where
   a run's carbon to target is its kg × time-to-target / wall time (its emissions pro rata).
 
@@ -21,7 +23,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from qrl import io
+from qrl import io, stats
 from qrl.distributed.energy import cpu_power_model
 from qrl.errors import QrlInputError
 
@@ -113,6 +115,7 @@ def run_metrics(result: Mapping, target: Optional[float]) -> dict:
         "comm_precision": result.get("comm_precision", _require(result, "actor_precision")),
         "seed": int(_require(result, "seed")), "target_return": target, "wall_seconds": wall,
         "final_return": (result.get("final_return") or {}).get("fp32"),
+        "final_return_actor": (result.get("final_return") or {}).get("actor"),
         "time_to_target_seconds": ttt,
         "actor_steps_per_second": throughput.get("actor_steps_per_second"),
         "learner_steps_per_second": throughput.get("learner_steps_per_second"),
@@ -183,7 +186,10 @@ def _summarize(runs: Sequence[Mapping]) -> dict:
         "target_return": first["target_return"],
         "final_return_mean": _mean([run["final_return"] for run in runs]),
         "final_return_std": _std([run["final_return"] for run in runs]),
+        "final_return_actor_mean": _mean([run["final_return_actor"] for run in runs]),
+        "final_return_actor_std": _std([run["final_return_actor"] for run in runs]),
         "time_to_target_mean": _mean(reached), "seeds_reached_target": len(reached),
+        "time_to_target_ci": list(stats.bootstrap_interval(reached, statistic="mean")) if len(reached) >= 2 else None,
         "actor_steps_per_second": _mean([run["actor_steps_per_second"] for run in runs]),
         "learner_steps_per_second": _mean([run["learner_steps_per_second"] for run in runs]),
         "bytes_per_publish": _mean([run["bytes_per_publish"] for run in runs]),
@@ -204,13 +210,20 @@ def summary_table(results: Sequence[Mapping], target_return: Optional[float] = N
 
 
 def _paired_ratio(baseline: Mapping[int, Mapping], runs: Mapping[int, Mapping], seeds: Sequence[int], key: str,
-                  baseline_over_run: bool) -> tuple[Optional[float], int]:
+                  baseline_over_run: bool) -> tuple[Optional[float], int, Optional[list[float]]]:
+    """(ratio of means over the seeds where both have `key`, how many, its paired bootstrap
+    interval when two or more seeds pair up)."""
     both = [seed for seed in seeds if baseline[seed][key] is not None and runs[seed][key] is not None]
     if not both:
-        return None, 0
-    base = float(np.mean([baseline[seed][key] for seed in both]))
-    value = float(np.mean([runs[seed][key] for seed in both]))
-    return (_ratio(base, value) if baseline_over_run else _ratio(value, base)), len(both)
+        return None, 0, None
+    base = [float(baseline[seed][key]) for seed in both]
+    value = [float(runs[seed][key]) for seed in both]
+    numerators, denominators = (base, value) if baseline_over_run else (value, base)
+    ratio = _ratio(float(np.mean(numerators)), float(np.mean(denominators)))
+    interval = None
+    if len(both) >= 2 and ratio is not None:
+        interval = list(stats.paired_ratio_interval(numerators, denominators))
+    return ratio, len(both), interval
 
 
 def speedup_table(results: Sequence[Mapping], target_return: Optional[float] = None) -> list[dict]:
@@ -225,15 +238,17 @@ def speedup_table(results: Sequence[Mapping], target_return: Optional[float] = N
         baseline = {run["seed"]: run for run in baseline_runs}
         by_seed = {run["seed"]: run for run in runs}
         seeds = sorted(set(baseline) & set(by_seed))
-        ttt, reached = _paired_ratio(baseline, by_seed, seeds, "time_to_target_seconds", True)
-        actor_speed, _ = _paired_ratio(baseline, by_seed, seeds, "actor_steps_per_second", False)
-        learner_speed, _ = _paired_ratio(baseline, by_seed, seeds, "learner_steps_per_second", False)
-        carbon, _ = _paired_ratio(baseline, by_seed, seeds, "kg_co2", True)
-        carbon_to_target, _ = _paired_ratio(baseline, by_seed, seeds, "kg_co2_to_target", True)
+        ttt, reached, ttt_ci = _paired_ratio(baseline, by_seed, seeds, "time_to_target_seconds", True)
+        actor_speed, _, actor_speed_ci = _paired_ratio(baseline, by_seed, seeds, "actor_steps_per_second", False)
+        learner_speed, _, learner_speed_ci = _paired_ratio(baseline, by_seed, seeds, "learner_steps_per_second", False)
+        carbon, _, _ = _paired_ratio(baseline, by_seed, seeds, "kg_co2", True)
+        carbon_to_target, _, _ = _paired_ratio(baseline, by_seed, seeds, "kg_co2_to_target", True)
         rows.append({
             "agent": agent, "env": env, "actor_precision": actor_precision, "comm_precision": comm_precision,
-            "paired_seeds": seeds, "time_to_target_ratio": ttt, "seeds_both_reached": reached,
-            "actor_steps_per_second_ratio": actor_speed, "learner_steps_per_second_ratio": learner_speed,
+            "paired_seeds": seeds, "time_to_target_ratio": ttt, "time_to_target_ratio_ci": ttt_ci,
+            "seeds_both_reached": reached,
+            "actor_steps_per_second_ratio": actor_speed, "actor_steps_per_second_ratio_ci": actor_speed_ci,
+            "learner_steps_per_second_ratio": learner_speed, "learner_steps_per_second_ratio_ci": learner_speed_ci,
             "carbon_ratio": carbon, "carbon_to_target_ratio": carbon_to_target,
         })
     return rows
@@ -336,26 +351,36 @@ def _markdown(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
                       *("| " + " | ".join(line) + " |" for line in lines)])
 
 
+def _interval(values: Optional[Sequence[float]], digits: int = 2) -> str:
+    return "" if values is None else f" [{_fmt(values[0], digits)}, {_fmt(values[1], digits)}]"
+
+
 def summary_markdown(rows: Sequence[Mapping]) -> str:
-    header = ["agent", "env", "actors", "comm", "seeds", "final return", "time to target s (reached)",
-              "actor steps/s", "learner steps/s", "bytes/publish", "pull+deser+load s/pull", "kWh", "kg CO2"]
+    header = ["agent", "env", "actors", "comm", "seeds", "final return fp32 policy", "final return actors' policy",
+              "time to target s [95% CI] (reached)", "actor steps/s", "learner steps/s", "bytes/publish",
+              "pull+deser+load s/pull", "kWh", "kg CO2"]
     return _markdown(header, [[
         row["agent"], row["env"], row["actor_precision"], row["comm_precision"], ",".join(map(str, row["seeds"])),
         f"{_fmt(row['final_return_mean'], 1)} ± {_fmt(row['final_return_std'], 1)}",
-        f"{_fmt(row['time_to_target_mean'], 1)} ({row['seeds_reached_target']}/{len(row['seeds'])})",
+        f"{_fmt(row.get('final_return_actor_mean'), 1)} ± {_fmt(row.get('final_return_actor_std'), 1)}",
+        f"{_fmt(row['time_to_target_mean'], 1)}{_interval(row.get('time_to_target_ci'), 1)} "
+        f"({row['seeds_reached_target']}/{len(row['seeds'])})",
         _fmt(row["actor_steps_per_second"], 0), _fmt(row["learner_steps_per_second"], 1),
         _fmt(row["bytes_per_publish"], 0), _sci(row["pull_seconds_per_pull"]), _sci(row["kwh"]), _sci(row["kg_co2"]),
     ] for row in rows])
 
 
 def speedup_markdown(rows: Sequence[Mapping]) -> str:
-    header = ["agent", "env", "actors", "comm", "paired seeds", "time to target fp32/q (seeds)",
-              "actor steps/s q/fp32", "learner steps/s q/fp32", "carbon fp32/q", "carbon to target fp32/q"]
+    header = ["agent", "env", "actors", "comm", "paired seeds", "time to target fp32/q [95% CI] (seeds)",
+              "actor steps/s q/fp32 [95% CI]", "learner steps/s q/fp32 [95% CI]", "carbon fp32/q",
+              "carbon to target fp32/q"]
     return _markdown(header, [[
         row["agent"], row["env"], row["actor_precision"], row["comm_precision"],
         ",".join(map(str, row["paired_seeds"])) or "–",
-        f"{_fmt(row['time_to_target_ratio'])} ({row['seeds_both_reached']})",
-        _fmt(row["actor_steps_per_second_ratio"]), _fmt(row["learner_steps_per_second_ratio"]),
+        f"{_fmt(row['time_to_target_ratio'])}{_interval(row.get('time_to_target_ratio_ci'))} "
+        f"({row['seeds_both_reached']})",
+        f"{_fmt(row['actor_steps_per_second_ratio'])}{_interval(row.get('actor_steps_per_second_ratio_ci'))}",
+        f"{_fmt(row['learner_steps_per_second_ratio'])}{_interval(row.get('learner_steps_per_second_ratio_ci'))}",
         _fmt(row["carbon_ratio"]), _fmt(row["carbon_to_target_ratio"]),
     ] for row in rows])
 
@@ -413,8 +438,9 @@ def write_report(results: Sequence[Mapping], out_dir: str, target_return: Option
     targets = sorted({f"{row['env']}: {row['target_return']}" for row in summary})
     report = [
         "# ActorQ study", "",
-        "Per row: means over seeds (± population std). Final return: the learner's policy evaluated in fp32 at "
-        "the end. Time to target: wall time of the first evaluation reaching the target (no interpolation "
+        "Per row: means over seeds (± population std). Final return: the learner's policy evaluated at the end, "
+        "in fp32 and at the actors' precision (the policy the actors run). Intervals: 95% percentile bootstrap "
+        "over seeds (paired by seed for ratios). Time to target: wall time of the first evaluation reaching the target (no interpolation "
         "between evaluations), mean over the seeds that reached it. Speedups pair each row with the fp32-actor "
         "row of the same env seed by seed (ratios of means over paired seeds; time to target only over seeds "
         "where both reached it; carbon to target = each run's kg CO2 × time to target / wall time).", "",

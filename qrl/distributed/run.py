@@ -172,6 +172,10 @@ def validate(config: ActorQConfig) -> None:
     if config.rate_limiter == "min_size" and config.samples_per_insert is not None:
         raise QrlInputError("--samples_per_insert sets the samples_per_insert limiter's ratio; "
                             "--rate_limiter=min_size has none")
+    tolerance_default = ActorQConfig.__dataclass_fields__["samples_per_insert_tolerance"].default
+    if config.rate_limiter == "min_size" and config.samples_per_insert_tolerance != tolerance_default:
+        raise QrlInputError("samples_per_insert_tolerance is the samples_per_insert limiter's; "
+                            "--rate_limiter=min_size has no ratio to tolerate")
     if config.launcher not in LAUNCHERS:
         raise QrlInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {config.launcher!r}")
     if config.ray_address and config.launcher != "ray":
