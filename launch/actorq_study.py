@@ -174,11 +174,19 @@ def cell_config(cell: Cell, options: StudyOptions):
     stops = {name: getattr(options, name) for name in ("target_return", "max_seconds", "max_learner_steps",
                                                         "max_actor_steps")}
     bind = {"ray_bind_address": options.ray_bind_address} if options.ray_bind_address else {}
-    return ActorQConfig(**{
+    given = {
         **values, "agent": options.agent, "env": cell.env, "seed": cell.seed, "actor_precision": cell.precision,
         "comm_precision": cell.comm_precision, "launcher": options.launcher, "ray_address": options.ray_address,
-        "overrides": common.parse_overrides(overrides), **stops, **bind,
-    })
+        **stops, **bind,
+    }
+    config = ActorQConfig(**given, overrides=common.parse_overrides(overrides))
+    if config.preset is None:
+        return config
+    from agents.actorq import with_preset
+
+    # As launch.actorq applies it: the preset fills what the cell's flags leave unset.
+    explicit = {name for name, value in given.items() if value is not None or name in values}
+    return with_preset(dataclasses.replace(config, preset=None), values["preset"], explicit)
 
 
 def _flag_value(item: str, text: str, field: dataclasses.Field):

@@ -131,3 +131,33 @@ def test_min_size_limiter_refuses_the_ratio_limiters_settings():
     with pytest.raises(QrlInputError, match="--exploration_spacing=log needs nonzero"):
         validate(ActorQConfig(agent="dqn", env="gym:CartPole-v1", max_seconds=5.0, exploration_last=0.0))
     validate(with_preset(ActorQConfig(agent="dqn", env="gym:CartPole-v1", max_seconds=5.0), "quarl"))
+
+
+def test_study_cells_apply_the_preset_as_launch_actorq_does(tmp_path):
+    from launch import actorq_study
+
+    options = actorq_study.make_options(str(tmp_path / "study"), "d4pg", "dmc:cartpole-balance", "fp32,int8", "0,1",
+                                        max_seconds=60.0, run_flags=["--preset=quarl", "--num_actors=2",
+                                                                     "--set=batch_size=64"])
+    configs = [actorq_study.cell_config(cell, options) for cell in actorq_study.plan_cells(options)]
+    assert len(configs) == 4 and all(config.preset == "quarl" for config in configs)
+    assert {(config.num_actors, config.max_times_sampled, config.actor_update_period) for config in configs} == {
+        (2, 16, 30)}  # the cell's --num_actors wins; the rest is QuaRL's
+    assert {config.overrides["batch_size"] for config in configs} == {"64"}  # --set wins over the preset's 256
+    assert {config.seed for config in configs} == {0, 1}
+
+
+def test_device_script_dry_run_names_each_task_and_the_gpu_learner(tmp_path):
+    import os
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    completed = subprocess.run(["bash", os.path.join(repo, "bench", "device", "actorq.sh"), "--dry-run",
+                                str(tmp_path / "out"), "90", "0,1"], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    studies = [line for line in completed.stdout.splitlines() if "launch.actorq_study" in line]
+    assert [next(part for part in line.split() if part.startswith("--envs=")) for line in studies] == [
+        "--envs=dmc:cartpole-balance", "--envs=dmc:walker-stand", "--envs=dmc:cheetah-run"]
+    assert all("--run_flag=--learner_device=gpu" in line and "--run_flag=--preset=quarl" in line
+               and "--seeds=0,1" in line and "--max_seconds=90" in line for line in studies)
+    assert completed.stdout.count("launch.actorq_scale") == 3 and not (tmp_path / "out").exists()
