@@ -77,7 +77,8 @@ def fake_run(precision, num_actors, actor_sps, learner_sps, agent="d4pg", wall=1
         "throughput": {"actor_steps_per_second": actor_sps, "learner_steps_per_second": learner_sps},
         "breakdown": {"actor": {"total": wall * num_actors, "pull_wait": 0.0},
                       "learner": {"total": wall, "sample_wait": wall - updates * 0.01}},
-        "cpu_seconds": {"by_node": {"replay": 0.0, "broadcaster": 0.0, "counter": 0.0, "evaluator": 0.0}},
+        "cpu_seconds": {"by_node": {"replay": 0.0, "broadcaster": 0.0, "counter": 0.0, "evaluator": 0.0,
+                                    "learner": updates * 0.01, **{f"actor_{i}": wall for i in range(num_actors)}}},
     }
 
 

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Optional
 
 
-from qrl import evaluation, runtime
+from qrl import evaluation, runtime as jax_runtime
 from qrl.distributed import weights
 from qrl.distributed.agent import DistributedAgent
 from qrl.distributed.counting import process_cpu_seconds
@@ -33,6 +33,9 @@ class Evaluator:
       episodes: episodes per evaluation; `max_episode_steps` caps each (None: the env's limit).
       every_seconds: wall-clock seconds between evaluations in `run`.
       start_time: the program's start (`time.time()`), so records share one clock.
+      runtime: what runs both evaluated policies, the actors' runtime (`jax` or `onnx`): the actor
+        precision's policy is then evaluated as the actors run it, and a slow JAX int8 call at
+        batch 1 does not take the cores the actors need.
     """
 
     def __init__(
@@ -52,15 +55,16 @@ class Evaluator:
         start_time: Optional[float] = None,
         max_episode_steps: Optional[int] = None,
         xla_threads: int = 1,
+        runtime: str = "jax",
     ):
-        runtime.configure_jax(xla_threads)
+        jax_runtime.configure_jax(xla_threads)
         self._agent = agent_factory(observation_spec, action_spec)
         self._env_id, self._env_options = env_id, dict(env_options or {})
         self._seed = seed + EVAL_SEED_OFFSET
         self._actor_precision = weights.check_precision(actor_precision, weights.ACTOR_PRECISIONS, "actor precision")
         observation = (observation_spec.shape, observation_spec.dtype)
-        self._fp32_policies = PolicyCache(self._agent, "fp32", "jax", *observation)
-        self._actor_policies = PolicyCache(self._agent, self._actor_precision, "jax", *observation)
+        self._fp32_policies = PolicyCache(self._agent, "fp32", runtime, *observation)
+        self._actor_policies = PolicyCache(self._agent, self._actor_precision, runtime, *observation)
         self._weight_spec = weights.policy_weight_spec(self._agent, observation_spec)
         self._learner, self._broadcaster, self._counter = learner, broadcaster, counter
         self._episodes, self._every_seconds = int(episodes), float(every_seconds)

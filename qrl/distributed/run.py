@@ -262,7 +262,7 @@ def build_program(config: ActorQConfig, agent: DistributedAgent, factory, specs,
             env_options=dict(config.env_options), seed=config.seed, actor_precision=config.actor_precision,
             learner=NodeRef("learner"), broadcaster=NodeRef("broadcaster"), counter=NodeRef("counter"),
             episodes=config.eval_episodes, every_seconds=config.eval_every_seconds, start_time=start_time,
-            max_episode_steps=config.max_eval_episode_steps,
+            max_episode_steps=config.max_eval_episode_steps, runtime=config.actor_runtime,
         ), num_cpus=config.evaluator_cpus, concurrency=4),
     ]
     for actor_id in range(config.num_actors):

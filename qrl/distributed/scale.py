@@ -1,10 +1,11 @@
 """A calibrated scale model of ActorQ: from one short run's measured costs, the actor env-steps/s,
 learner steps/s and int8/fp32 speedup of N actors on M machines, the learner on CPU or GPU.
 
-The costs (`Profile`, read from a run's `results.json`): an actor's wall seconds per step while it
-has a core (env step, inference, pulls amortized over the update period, inserts), the learner's
-seconds per update outside its wait for data, the replay/broadcaster/counter CPU per actor step
-and the evaluator's CPU per second. Each process is a single-threaded worker (ActorQ gives each
+The costs (`Profile`, read from a run's `results.json`): an actor's CPU seconds per step (env
+step, inference, pulls amortized over the update period, inserts), the learner's CPU seconds per
+update (its waits for data cost none), the replay/broadcaster/counter CPU per actor step and the
+evaluator's CPU per second. CPU seconds, not wall time, so that the profile run's own sharing of
+cores does not inflate them; the run's wall-time breakdown says which phase they go to. Each process is a single-threaded worker (ActorQ gives each
 node one XLA thread), so a machine's cores are shared between its processes by max-min fairness
 (the OS scheduler's processor sharing): every process gets an equal share of a core, capped at
 what it can use, and what it cannot use goes to the others. The learner can use what its data
@@ -32,8 +33,8 @@ class Profile:
     """One precision's measured costs (`profile_from_results`)."""
 
     actor_precision: str
-    actor_step_seconds: float  # t_a: an actor's wall seconds per environment step with a core to itself.
-    learner_update_seconds: float  # t_u: the learner's seconds per update, its wait for data excluded.
+    actor_step_seconds: float  # t_a: an actor's CPU seconds per environment step.
+    learner_update_seconds: float  # t_u: the learner's CPU seconds per update.
     service_cpu_per_step: float  # replay + broadcaster + counter CPU seconds per actor step.
     evaluator_cores: float  # the evaluator's CPU seconds per second.
     batch_size: int
@@ -46,7 +47,6 @@ def profile_from_results(results: Mapping, batch_size: int, samples_per_insert: 
     process). `batch_size` is the agent's; `samples_per_insert` the ratio the run used when its
     limiter was `samples_per_insert`."""
     config, counts = results["config"], results["counts"]
-    actor, learner = results["breakdown"]["actor"], results["breakdown"]["learner"]
     actor_steps, learner_steps = int(counts["actor_steps"]), int(counts["learner_steps"])
     if actor_steps <= 0 or learner_steps <= 0:
         raise QrlInputError("a profile run needs actor steps and learner steps; run it longer")
@@ -63,10 +63,13 @@ def profile_from_results(results: Mapping, batch_size: int, samples_per_insert: 
         if not samples_per_insert:
             raise QrlInputError("a samples_per_insert profile needs the run's ratio")
         items = batch_size / float(samples_per_insert)
+    actor_cpu = sum(float(seconds) for node, seconds in by_node.items() if node.startswith("actor_"))
+    if actor_cpu <= 0 or float(by_node.get("learner", 0.0)) <= 0:
+        raise QrlInputError("a profile run needs the CPU seconds of its actor and learner processes")
     return Profile(
         actor_precision=str(results["actor_precision"]),
-        actor_step_seconds=(float(actor["total"]) - float(actor.get("pull_wait", 0.0))) / actor_steps,
-        learner_update_seconds=(float(learner["total"]) - float(learner["sample_wait"])) / learner_steps,
+        actor_step_seconds=actor_cpu / actor_steps,
+        learner_update_seconds=float(by_node["learner"]) / learner_steps,
         service_cpu_per_step=sum(float(by_node.get(node, 0.0)) for node in SERVICE_NODES) / actor_steps,
         evaluator_cores=float(by_node.get("evaluator", 0.0)) / wall,
         batch_size=int(batch_size), rate_limiter=rate_limiter, items_per_update=items,
