@@ -22,6 +22,7 @@ from agents.actorq import AgentFactory
 from launch import common, studies
 from qrl import io
 from qrl.distributed import scale
+from qrl.distributed.agent import replay_settings
 from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
@@ -39,14 +40,29 @@ def _results(path: str) -> dict:
     file = os.path.join(path, "results.json")
     if not os.path.isfile(file):
         raise QrlInputError(f"{path} holds no ActorQ results.json")
-    return io.read_json(file)
+    results = io.read_json(file)
+    if not isinstance(results, dict) or not isinstance(results.get("config"), dict):
+        raise QrlInputError(f"{file} is not an ActorQ run's results (no config)")
+    return results
+
+
+def _read(path: str, use):
+    """`use(results)` of the run at `path`; a results.json that lacks what the model reads (not an
+    ActorQ run, or written by another version) is bad input, not a traceback."""
+    results = _results(path)
+    try:
+        return use(results)
+    except QrlInputError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise QrlInputError(f"{path}/results.json is not an ActorQ run's results "
+                            f"({type(error).__name__}: {error})") from error
 
 
 def _profile(results: dict) -> scale.Profile:
     config = results["config"]
     agent_config = AgentFactory(config["agent"], config["env"], dict(config.get("overrides", {}))).config()
-    ratio = config.get("samples_per_insert") or (
-        agent_config.gradient_steps * agent_config.batch_size / agent_config.train_freq)
+    ratio = config.get("samples_per_insert") or replay_settings(agent_config).samples_per_insert
     return scale.profile_from_results(results, int(agent_config.batch_size), ratio)
 
 
@@ -89,11 +105,11 @@ def run() -> None:
         raise QrlInputError("--profile: give the fp32 profile run and one per quantized precision")
     profiles = {}
     for path in FLAGS.profile:
-        profile = _profile(_results(path))
+        profile = _read(path, _profile)
         profiles[profile.actor_precision] = profile
     if "fp32" not in profiles or len(profiles) < 2:
         raise QrlInputError("--profile needs an fp32 run and at least one quantized run")
-    validation = [_validation_row(profiles, _results(path), FLAGS.cores) for path in FLAGS.validate]
+    validation = [_read(path, lambda results: _validation_row(profiles, results, FLAGS.cores)) for path in FLAGS.validate]
     learners = {"CPU learner": None}
     if FLAGS.gpu_update_seconds:
         learners[f"GPU learner ({1000 * FLAGS.gpu_update_seconds:g} ms/update)"] = FLAGS.gpu_update_seconds

@@ -161,3 +161,19 @@ def test_device_script_dry_run_names_each_task_and_the_gpu_learner(tmp_path):
     assert all("--run_flag=--learner_device=gpu" in line and "--run_flag=--preset=quarl" in line
                and "--seeds=0,1" in line and "--max_seconds=90" in line for line in studies)
     assert completed.stdout.count("launch.actorq_scale") == 3 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("arguments, fragment", [
+    ([], "OUT: give the directory"), (["OUT", "0"], "SECONDS_PER_CELL must be a positive integer"),
+    (["OUT", "90", "0;rm"], "SEEDS must be a comma-separated list")])
+def test_device_script_bad_input_is_one_line_and_exit_2(tmp_path, arguments, fragment):
+    import os
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    arguments = [str(tmp_path / "out") if argument == "OUT" else argument for argument in arguments]
+    completed = subprocess.run(["bash", os.path.join(repo, "bench", "device", "actorq.sh"), *arguments],
+                               capture_output=True, text=True, timeout=60)
+    lines = completed.stderr.strip().splitlines()
+    assert completed.returncode == 2 and len(lines) == 1 and fragment in lines[0], completed.stderr
+    assert not (tmp_path / "out").exists()

@@ -120,4 +120,14 @@ def test_cli_bad_input(tmp_path):
                        "needs an fp32 run and at least one quantized run")
     assert_input_error(run_module("launch.actorq_scale", f"--profile={tmp_path / 'none'}", f"--out={tmp_path / 'o'}"),
                        "holds no ActorQ results.json")
+    other = _write(tmp_path / "other", {"config": {"agent": "d4pg"}, "returns": [1.0]})
+    assert_input_error(run_module("launch.actorq_scale", f"--profile={fp32},{other}", f"--out={tmp_path / 'o'}"),
+                       "is not an ActorQ run's results (KeyError")
+    listed = _write(tmp_path / "listed", [1, 2])
+    assert_input_error(run_module("launch.actorq_scale", f"--profile={fp32},{listed}", f"--out={tmp_path / 'o'}"),
+                       "is not an ActorQ run's results (no config)")
+    int8 = _write(tmp_path / "int8", fake_run("int8", 1, 1000.0, 62.5))
+    broken = _write(tmp_path / "broken", {**fake_run("int8", 2, 900.0, 50.0), "throughput": None})
+    assert_input_error(run_module("launch.actorq_scale", f"--profile={fp32},{int8}", f"--validate={broken}",
+                                  f"--out={tmp_path / 'o'}"), "is not an ActorQ run's results (TypeError")
     assert not (tmp_path / "o").exists()

@@ -17,9 +17,16 @@ cd "$(dirname "$0")/../.."
 
 dry_run=0
 if [[ "${1:-}" == "--dry-run" ]]; then dry_run=1; shift; fi
-out="${1:?usage: bench/device/actorq.sh [--dry-run] OUT [SECONDS_PER_CELL] [SEEDS]}"
+bad_input() {
+  echo "error: $1 (usage: bench/device/actorq.sh [--dry-run] OUT [SECONDS_PER_CELL] [SEEDS])" >&2
+  exit 2
+}
+[[ -n "${1:-}" ]] || bad_input "OUT: give the directory for the reports"
+out="$1"
 seconds="${2:-100}"
 seeds="${3:-0}"
+[[ "$seconds" =~ ^[1-9][0-9]*$ ]] || bad_input "SECONDS_PER_CELL must be a positive integer, got '$seconds'"
+[[ "$seeds" =~ ^[0-9]+(,[0-9]+)*$ ]] || bad_input "SEEDS must be a comma-separated list of integers, got '$seeds'"
 python="${PYTHON:-.venv/bin/python}"
 cores="$(nproc)"
 # The learner, the replay/broadcaster/counter and the evaluator keep three cores; one actor per core left.

@@ -100,8 +100,8 @@ def actors_per_machine(num_actors: int, machines: int) -> list[int]:
     return [num_actors // machines + (1 if index < num_actors % machines else 0) for index in range(machines)]
 
 
-def _steady(profile: Profile, per_machine: Sequence[int], cores: float, update_cores: float,
-            learner_demand: float, actor_demand: float) -> tuple[float, float, list[float]]:
+def _steady(profile: Profile, per_machine: Sequence[int], cores: float, learner_demand: float,
+            actor_demand: float) -> tuple[float, float, list[float]]:
     """(actor steps/s, learner's core share, actor shares per machine) when the learner asks for
     `learner_demand` cores and each actor for `actor_demand`; the services' demand follows the
     actors' steps (solved by a short fixed-point loop)."""
@@ -149,11 +149,11 @@ def predict(profile: Profile, num_actors: int, machines: int = 1, cores: float =
     def settle(actor_demand: float) -> tuple[float, float, list[float], float]:
         """The learner asks for what the data allows, at most a core: solve that demand."""
         def surplus(demand: float) -> float:
-            actor_steps, _, _ = _steady(profile, per_machine, cores, update_cores, demand, actor_demand)
+            actor_steps, _, _ = _steady(profile, per_machine, cores, demand, actor_demand)
             return min(1.0, actor_steps / profile.items_per_update * update_cores) - demand
 
         demand = _bisect(surplus)
-        actor_steps, share, machine_shares = _steady(profile, per_machine, cores, update_cores, demand, actor_demand)
+        actor_steps, share, machine_shares = _steady(profile, per_machine, cores, demand, actor_demand)
         return actor_steps, share, machine_shares, demand
 
     actor_demand = 1.0
