@@ -7,6 +7,10 @@ measured runs, and project the int8/fp32 speedup to more actors, machines or a G
     python -m launch.actorq_scale --profile=runs/prof_fp32 --profile=runs/prof_int8 --cores=2 \\
         --validate=runs/val_fp32_a1,runs/val_int8_a2 --actors=1,2,4,8,16,32,64 --out=results/actorq_scale
 
+With `--contention=RUN_fp32,RUN_int8` (runs with 2+ actors on this machine, same settings) the
+model also grows each actor's per-step cost with the actors sharing its machine (c per precision,
+see `qrl.distributed.scale`), validation uses it, and the projection is drawn with and without it.
+
 Writes `<out>/scale.json` (the profiles, the validation rows with predicted vs measured actor and
 learner steps/s and their relative errors, the projection) and `<out>/projection.png` (projected
 learner-steps/s speedup of each quantized precision over fp32 against the number of actors, one
@@ -14,6 +18,7 @@ core per actor plus two for the learner's machine; with `--gpu_update_seconds`, 
 learner's update at that time). See `qrl.distributed.scale` for the model.
 """
 
+import dataclasses
 import os
 
 from absl import flags
@@ -27,6 +32,8 @@ from qrl.errors import QrlInputError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("profile", [], "ActorQ run directories to calibrate on, one per actor precision (fp32 required).")
+flags.DEFINE_list("contention", [], "ActorQ runs with 2+ actors on one machine, same settings, one per precision: "
+                  "calibrate how an actor's per-step cost grows with the actors sharing its machine.")
 flags.DEFINE_list("validate", [], "ActorQ run directories to predict and compare (same settings as the profiles).")
 flags.DEFINE_string("actors", "1,2,4,8,16,32,64", "Numbers of actors to project to.")
 flags.DEFINE_float("cores", 2.0, "Cores per machine of the validation runs (this machine's).")
@@ -72,7 +79,8 @@ def _validation_row(profiles: dict, results: dict, cores: float) -> dict:
         raise QrlInputError(f"no profile for {precision} actors to validate {results['config']['agent']} against")
     predicted = scale.predict(profiles[precision], int(results["num_actors"]), cores=cores)
     measured = results["throughput"]
-    row = {"actor_precision": precision, "num_actors": int(results["num_actors"]), "bound": predicted["bound"]}
+    row = {"actor_precision": precision, "num_actors": int(results["num_actors"]), "bound": predicted["bound"],
+           "actor_contention": profiles[precision].actor_contention}
     for key in ("actor_steps_per_second", "learner_steps_per_second"):
         row[f"{key}_predicted"], row[f"{key}_measured"] = predicted[key], float(measured[key])
         row[f"{key}_error"] = predicted[key] / float(measured[key]) - 1.0 if measured[key] else None
@@ -109,27 +117,45 @@ def run() -> None:
         profiles[profile.actor_precision] = profile
     if "fp32" not in profiles or len(profiles) < 2:
         raise QrlInputError("--profile needs an fp32 run and at least one quantized run")
+    uncontended = dict(profiles)
+    for path in FLAGS.contention:
+        def calibrate(results: dict) -> scale.Profile:
+            precision = str(results["actor_precision"])
+            if precision not in profiles:
+                raise QrlInputError(f"--contention: no profile for {precision} actors to calibrate")
+            return scale.contention_from_results(uncontended[precision], results)
+
+        calibrated = _read(path, calibrate)
+        profiles[calibrated.actor_precision] = calibrated
     validation = [_read(path, lambda results: _validation_row(profiles, results, FLAGS.cores)) for path in FLAGS.validate]
     learners = {"CPU learner": None}
     if FLAGS.gpu_update_seconds:
         learners[f"GPU learner ({1000 * FLAGS.gpu_update_seconds:g} ms/update)"] = FLAGS.gpu_update_seconds
     projection = {}
-    for precision, profile in profiles.items():
-        if precision == "fp32":
-            continue
-        for label, update_seconds in learners.items():
-            projection[f"{precision}, {label}"] = [
-                scale.speedup(profiles["fp32"], profile, count, cores=count + 2.0, learner_update_seconds=update_seconds)
-                for count in counts]
+    variants = {"": profiles}
+    if FLAGS.contention:
+        variants = {", contention": profiles, ", no contention": uncontended}
+    for suffix, variant in variants.items():
+        for precision, profile in variant.items():
+            if precision == "fp32":
+                continue
+            for label, update_seconds in learners.items():
+                projection[f"{precision}, {label}{suffix}"] = [
+                    scale.speedup(variant["fp32"], profile, count, cores=count + 2.0,
+                                  learner_update_seconds=update_seconds) for count in counts]
     os.makedirs(out, exist_ok=True)
     crossings = {label: next((row["num_actors"] for row in rows if row["learner_speedup"] >= 1.5), None)
                  for label, rows in projection.items()}
     io.atomic_write_json(os.path.join(out, "scale.json"), {
-        "profiles": {name: vars(profile) for name, profile in profiles.items()},
+        "profiles": {name: dataclasses.asdict(profile) for name, profile in profiles.items()},
+        "contention_runs": list(FLAGS.contention),
         "validation": validation, "validation_tolerance": VALIDATION_TOLERANCE,
         "projection": projection, "first_actor_count_at_1.5x": crossings,
     })
     _plot(projection, os.path.join(out, "projection.png"))
+    for name, profile in profiles.items():
+        if profile.actor_contention:
+            print(f"{name}: contention c = {profile.actor_contention:.3f} (t_a x (1 + c log2 n) for n actors per machine)")
     for row in validation:
         print(f"{row['actor_precision']} x{row['num_actors']} ({row['bound']}-bound): actor steps/s predicted "
               f"{row['actor_steps_per_second_predicted']:.0f} vs {row['actor_steps_per_second_measured']:.0f} "

@@ -131,3 +131,47 @@ def test_cli_bad_input(tmp_path):
     assert_input_error(run_module("launch.actorq_scale", f"--profile={fp32},{int8}", f"--validate={broken}",
                                   f"--out={tmp_path / 'o'}"), "is not an ActorQ run's results (TypeError")
     assert not (tmp_path / "o").exists()
+
+
+def test_contention_grows_each_actors_step_cost_with_the_actors_on_its_machine():
+    contended = scale.Profile(**{**vars(profile(t_a=0.002, t_u=1e-6)), "actor_contention": 0.5})
+    assert contended.actor_step_seconds_with(1) == pytest.approx(0.002)
+    assert contended.actor_step_seconds_with(4) == pytest.approx(0.002 * (1 + 0.5 * 2))
+    # 10 cores: every process gets the core it asks for; two actors at 2 ms x 1.5 = 3 ms per step each.
+    predicted = scale.predict(contended, 2, cores=10.0)
+    assert predicted["actor_steps_per_second"] == pytest.approx(2 / 0.003, rel=1e-3)
+    # Two machines with one actor each: no sharing, no contention.
+    assert scale.predict(contended, 2, machines=2, cores=10.0)["actor_steps_per_second"] == pytest.approx(
+        2 / 0.002, rel=1e-3)
+
+
+def test_contention_is_fitted_from_a_run_with_more_actors():
+    alone = scale.profile_from_results(fake_run("fp32", 1, 500.0, 31.25), 256)  # 100 CPU-s / 50,000 steps = 2 ms
+    four = fake_run("fp32", 4, 800.0, 50.0)  # 400 CPU-s / 80,000 steps = 5 ms: 2.5x over log2 4 = 2 doublings
+    assert scale.contention_from_results(alone, four).actor_contention == pytest.approx(0.75)
+    faster = fake_run("fp32", 2, 1200.0, 50.0)  # 200 / 120,000 = 1.67 ms: cheaper than alone, floored at 0
+    assert scale.contention_from_results(alone, faster).actor_contention == 0.0
+    with pytest.raises(QrlInputError, match="two or more actors"):
+        scale.contention_from_results(alone, fake_run("fp32", 1, 500.0, 31.25))
+    with pytest.raises(QrlInputError, match="cannot calibrate the fp32 profile"):
+        scale.contention_from_results(alone, fake_run("int8", 2, 900.0, 50.0))
+
+
+def test_cli_calibrates_contention_and_projects_with_and_without_it(tmp_path):
+    fp32 = _write(tmp_path / "fp32", fake_run("fp32", 1, 500.0, 31.25))
+    int8 = _write(tmp_path / "int8", fake_run("int8", 1, 1000.0, 62.5))
+    fp32_two = _write(tmp_path / "fp32x2", fake_run("fp32", 2, 2 / 0.003, 40.0))  # 3 ms vs 2 ms: c = 0.5
+    int8_two = _write(tmp_path / "int8x2", fake_run("int8", 2, 2 / 0.0012, 40.0))  # 1.2 ms vs 1 ms: c = 0.2
+    completed = run_module("launch.actorq_scale", f"--profile={fp32},{int8}", f"--contention={fp32_two},{int8_two}",
+                           f"--validate={fp32_two}", "--actors=1,2", f"--out={tmp_path / 'out'}")
+    assert completed.returncode == 0, completed.stderr
+    written = json.loads((tmp_path / "out" / "scale.json").read_text())
+    assert written["profiles"]["fp32"]["actor_contention"] == pytest.approx(0.5, rel=1e-3)
+    assert written["profiles"]["int8"]["actor_contention"] == pytest.approx(0.2, rel=1e-3)
+    assert written["validation"][0]["actor_contention"] == pytest.approx(0.5, rel=1e-3)
+    assert set(written["projection"]) == {"int8, CPU learner, contention", "int8, CPU learner, no contention"}
+    assert "fp32: contention c = 0.500" in completed.stdout
+    other = _write(tmp_path / "bf16x2", fake_run("bf16", 2, 900.0, 40.0))
+    assert_input_error(run_module("launch.actorq_scale", f"--profile={fp32},{int8}", f"--contention={other}",
+                                  f"--out={tmp_path / 'o'}"), "--contention: no profile for bf16 actors")
+    assert not (tmp_path / "o").exists()

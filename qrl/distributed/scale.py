@@ -17,9 +17,18 @@ counter and evaluator and its share of the actors; the others hold only actors. 
 solved by bisection on the learner's demand (and, under the limiter, the actors'). Progress per
 learner update is taken as equal for both precisions, so the projected time-to-target speedup
 is the ratio of learner steps/s.
+
+Contention: an actor's CPU per step is not constant when actors share a machine. Batch-1
+inference streams the whole policy from memory every step (34 MB at 2048³ fp32, a quarter of it
+in int8), and actors on the same machine evict each other's weights from the shared cache and
+split its memory bandwidth. Measured on 2 cores, the cost grows about linearly in log2 of the
+actors per machine, so a machine with n actors costs each t_a · (1 + c · log2 n) per step, with
+c calibrated per precision from one more run with several actors on one machine
+(`contention_from_results`; c = 0 without one).
 """
 
 import dataclasses
+import math
 from typing import Mapping, Optional, Sequence
 
 from qrl.errors import QrlInputError
@@ -40,6 +49,11 @@ class Profile:
     batch_size: int
     rate_limiter: str  # "min_size" or "samples_per_insert".
     items_per_update: float  # fresh items one update needs: B / max_times_sampled, or B / samples_per_insert.
+    actor_contention: float = 0.0  # c: relative growth of t_a per doubling of the actors on a machine.
+
+    def actor_step_seconds_with(self, actors_on_machine: int) -> float:
+        """An actor's CPU seconds per step when `actors_on_machine` actors share its machine."""
+        return self.actor_step_seconds * (1.0 + self.actor_contention * math.log2(max(1, actors_on_machine)))
 
 
 def profile_from_results(results: Mapping, batch_size: int, samples_per_insert: Optional[float] = None) -> Profile:
@@ -63,17 +77,39 @@ def profile_from_results(results: Mapping, batch_size: int, samples_per_insert: 
         if not samples_per_insert:
             raise QrlInputError("a samples_per_insert profile needs the run's ratio")
         items = batch_size / float(samples_per_insert)
-    actor_cpu = sum(float(seconds) for node, seconds in by_node.items() if node.startswith("actor_"))
-    if actor_cpu <= 0 or float(by_node.get("learner", 0.0)) <= 0:
+    if float(by_node.get("learner", 0.0)) <= 0:
         raise QrlInputError("a profile run needs the CPU seconds of its actor and learner processes")
     return Profile(
         actor_precision=str(results["actor_precision"]),
-        actor_step_seconds=actor_cpu / actor_steps,
+        actor_step_seconds=_actor_step_seconds(results),
         learner_update_seconds=float(by_node["learner"]) / learner_steps,
         service_cpu_per_step=sum(float(by_node.get(node, 0.0)) for node in SERVICE_NODES) / actor_steps,
         evaluator_cores=float(by_node.get("evaluator", 0.0)) / wall,
         batch_size=int(batch_size), rate_limiter=rate_limiter, items_per_update=items,
     )
+
+
+def _actor_step_seconds(results: Mapping) -> float:
+    by_node = results.get("cpu_seconds", {}).get("by_node", {})
+    steps = int(results["counts"]["actor_steps"])
+    actor_cpu = sum(float(seconds) for node, seconds in by_node.items() if node.startswith("actor_"))
+    if steps <= 0 or actor_cpu <= 0:
+        raise QrlInputError("a run needs actor steps and its actors' CPU seconds (--launcher=ray)")
+    return actor_cpu / steps
+
+
+def contention_from_results(profile: Profile, results: Mapping) -> Profile:
+    """`profile` with its contention c fitted to one run of the same settings with n >= 2 actors on
+    one machine: c = (t_a(n) / t_a(1) - 1) / log2 n, floored at 0 (sharing a machine does not make a
+    step cheaper; a lower measurement is noise)."""
+    num_actors = int(results["num_actors"])
+    if num_actors < 2:
+        raise QrlInputError("a contention run needs two or more actors on one machine")
+    if str(results["actor_precision"]) != profile.actor_precision:
+        raise QrlInputError(f"a contention run of {results['actor_precision']} actors cannot calibrate the "
+                            f"{profile.actor_precision} profile")
+    growth = _actor_step_seconds(results) / profile.actor_step_seconds - 1.0
+    return dataclasses.replace(profile, actor_contention=max(0.0, growth / math.log2(num_actors)))
 
 
 def _fair_shares(capacity: float, demands: Sequence[float]) -> list[float]:
@@ -111,7 +147,8 @@ def _steady(profile: Profile, per_machine: Sequence[int], cores: float, learner_
         shares = _fair_shares(cores, demands + [actor_demand] * per_machine[0])
         machine_shares = [shares[3] if per_machine[0] else 0.0] + [
             min(actor_demand, cores / n) if n else 0.0 for n in per_machine[1:]]
-        actor_steps = sum(n * share for n, share in zip(per_machine, machine_shares)) / profile.actor_step_seconds
+        actor_steps = sum(n * share / profile.actor_step_seconds_with(n)
+                          for n, share in zip(per_machine, machine_shares) if n)
         wanted = actor_steps * profile.service_cpu_per_step
         if abs(wanted - service) < 1e-9:
             break
