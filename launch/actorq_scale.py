@@ -5,7 +5,7 @@ measured runs, and project the int8/fp32 speedup to more actors, machines or a G
     python -m launch.actorq --launcher=ray --actor_precision=fp32 ... --max_seconds=90 --workdir=runs/prof_fp32
     python -m launch.actorq --launcher=ray --actor_precision=int8 ... --max_seconds=90 --workdir=runs/prof_int8
     python -m launch.actorq_scale --profile=runs/prof_fp32 --profile=runs/prof_int8 --cores=2 \\
-        --validate=runs/val_fp32_a1,runs/val_int8_a2 --actors=1,2,4,8,16,32,64 --out=results/actorq_scale
+        --validate=runs/val_fp32_a1,runs/val_int8_a2 --actors=1,2,4,8,16,32,64 --out=runs/actorq_scale
 
 With `--contention=RUN_fp32,RUN_int8` (runs with 2+ actors on this machine, same settings) the
 model also grows each actor's per-step cost with the actors sharing its machine (c per precision,
