@@ -73,6 +73,14 @@ def _profile(results: dict) -> scale.Profile:
     return scale.profile_from_results(results, int(agent_config.batch_size), ratio)
 
 
+def _calibrate(profiles: dict, results: dict) -> scale.Profile:
+    """The profile of `results`' precision with its contention fitted to that run."""
+    precision = str(results["actor_precision"])
+    if precision not in profiles:
+        raise QrlInputError(f"--contention: no profile for {precision} actors to calibrate")
+    return scale.contention_from_results(profiles[precision], results)
+
+
 def _validation_row(profiles: dict, results: dict, cores: float) -> dict:
     precision = results["actor_precision"]
     if precision not in profiles:
@@ -119,13 +127,7 @@ def run() -> None:
         raise QrlInputError("--profile needs an fp32 run and at least one quantized run")
     uncontended = dict(profiles)
     for path in FLAGS.contention:
-        def calibrate(results: dict) -> scale.Profile:
-            precision = str(results["actor_precision"])
-            if precision not in profiles:
-                raise QrlInputError(f"--contention: no profile for {precision} actors to calibrate")
-            return scale.contention_from_results(uncontended[precision], results)
-
-        calibrated = _read(path, calibrate)
+        calibrated = _read(path, lambda results: _calibrate(uncontended, results))
         profiles[calibrated.actor_precision] = calibrated
     validation = [_read(path, lambda results: _validation_row(profiles, results, FLAGS.cores)) for path in FLAGS.validate]
     learners = {"CPU learner": None}
