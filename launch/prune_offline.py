@@ -24,7 +24,15 @@ flags.DEFINE_enum("scope", "network", ["network", "layer", "global"], "Where the
 flags.DEFINE_list("separate", [], "Sub-networks thresholded on their own at network scope, e.g. vae/encoder,vae/decoder.")
 flags.DEFINE_integer("prune_batches", 1, "Offline batches the scores are computed on.")
 flags.DEFINE_integer("prune_batch_size", 256, "Transitions per scoring batch.")
-flags.DEFINE_float("temperature", 1.0, "GraSP's temperature (network outputs divided by it in the scoring loss).")
+flags.DEFINE_float("temperature", 1.0, "GraSP's temperature: network outputs divided by it in the scoring loss "
+                   "(the reference's default: 200).")
+flags.DEFINE_bool("reinit", False, "GraSP's reinit: score a copy whose dense kernels are redrawn from Xavier normal "
+                  "(the reference's default); the masks apply to the weights that train.")
+flags.DEFINE_integer("iterations", 1, "Rounds of SNIP / GraSP scoring, each re-scoring the masked network, reaching "
+                     "--sparsity in the last (1: single shot).")
+flags.DEFINE_enum("vae", None, ["separate", "joint", "dense"],
+                  "How a VAE (BCQ's) is pruned: encoder and decoder each with its own threshold (default for "
+                  "snip, grasp, magnitude at network scope), one threshold over the VAE, or not at all.")
 flags.DEFINE_bool("include_biases", False, "Prune biases too (default: weights only).")
 flags.DEFINE_list("exclude_layers", [], "Layer paths never pruned, e.g. torso/dense_0,head (first/last layers).")
 flags.DEFINE_integer("min_kept_per_layer", 1, "Layer-collapse guard: weights every prunable layer keeps.")
@@ -43,7 +51,7 @@ flags.DEFINE_bool("progress", True, "Show a progress bar (periodic summaries whe
 
 
 FLAG_RANGES = {
-    "sparsity": common.FRACTION_BELOW_1, "temperature": common.POSITIVE, "prune_batches": common.AT_LEAST_1,
+    "sparsity": common.FRACTION_BELOW_1, "temperature": common.POSITIVE, "iterations": common.AT_LEAST_1, "prune_batches": common.AT_LEAST_1,
     "prune_batch_size": common.AT_LEAST_1, "min_kept_per_layer": common.AT_LEAST_0, "steps": common.AT_LEAST_1,
     "seed": common.AT_LEAST_0, "eval_every": common.AT_LEAST_0, "eval_episodes": common.AT_LEAST_1,
 }
@@ -58,13 +66,13 @@ def run() -> None:
         sparsity=FLAGS.sparsity, scope=FLAGS.scope, temperature=FLAGS.temperature,
         include_biases=FLAGS.include_biases, exclude=tuple(FLAGS.exclude_layers),
         min_kept_per_layer=FLAGS.min_kept_per_layer, random_distribution=FLAGS.random_distribution,
-        separate=tuple(FLAGS.separate),
+        separate=tuple(FLAGS.separate), iterations=FLAGS.iterations, reinit=FLAGS.reinit,
     )
     run_prune_offline(PruneRun(
         dataset=FLAGS.dataset, algo=FLAGS.algo, pruner=FLAGS.pruner, settings=settings, env=FLAGS.env,
         overrides=common.parse_overrides(FLAGS.set), prune_batches=FLAGS.prune_batches,
         prune_batch_size=FLAGS.prune_batch_size, score_separate_init=FLAGS.score_separate_init,
-        masks_from=FLAGS.masks_from, steps=FLAGS.steps, seed=FLAGS.seed, eval_every=FLAGS.eval_every,
+        masks_from=FLAGS.masks_from, vae=FLAGS.vae, steps=FLAGS.steps, seed=FLAGS.seed, eval_every=FLAGS.eval_every,
         eval_episodes=FLAGS.eval_episodes,
     ), workdir, overwrite=FLAGS.overwrite, progress=FLAGS.progress)
 

@@ -30,6 +30,13 @@ from qrl.replay import Transition
 
 MASKS_FILE = "masks.msgpack"
 RESULTS_FILE = "results.json"
+VAE_PARTS = ("vae/encoder", "vae/decoder")
+# How an agent's VAE (BCQ's) is pruned: "separate" — the encoder and the decoder each at the
+# sparsity with its own threshold (the default where the pruner thresholds scores over a network:
+# SNIP, GraSP, magnitude at network scope); "joint" — one threshold over the whole VAE (the
+# reference pruning code's per-network threshold); "dense" — the VAE is not pruned (the paper does
+# not say whether it prunes BCQ's VAE).
+VAE_MODES = ("separate", "joint", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +44,9 @@ class PruneRun:
     """What one run does: the dataset (`env` defaults to its metadata), the offline algorithm and
     its config overrides, the pruner and its settings, the scoring data (`prune_batches` ×
     `prune_batch_size`), whether scores come from a separately initialized copy (the reference
-    codes) or the weights that train, masks reused from an earlier run, and the training budget."""
+    codes) or the weights that train, how a VAE is pruned (`vae`, one of `VAE_MODES`; None: the
+    default, only for agents with a VAE), masks reused from an earlier run, and the training
+    budget."""
 
     dataset: str
     algo: str = "bc"
@@ -49,6 +58,7 @@ class PruneRun:
     prune_batch_size: int = 256
     score_separate_init: bool = False
     masks_from: Optional[str] = None
+    vae: Optional[str] = None
     steps: int = 100_000
     seed: int = 0
     eval_every: int = 5_000
@@ -125,6 +135,34 @@ class PreparedRun:
     reference_source: Optional[str]
     scored_state: Any
     networks: dict
+    settings: PruneSettings
+    vae: Optional[str]
+
+
+def vae_settings(run: PruneRun, networks: Mapping[str, Any]) -> tuple[PruneSettings, Optional[str]]:
+    """The settings the pruner runs with and the VAE mode in force (None: no VAE): "separate"
+    adds the encoder and decoder to `settings.separate` (default where the pruner thresholds a
+    network's scores); a VAE option on an agent without a VAE is an input error."""
+    if "vae" not in networks:
+        if run.vae is not None:
+            raise QrlInputError(f"vae={run.vae} applies to agents with a VAE (bcq), not {run.algo}")
+        return run.settings, None
+    if run.vae is not None and run.vae not in VAE_MODES:
+        raise QrlInputError(f"unknown vae mode {run.vae!r}; known: {', '.join(VAE_MODES)}")
+    settings = run.settings
+    if run.pruner == "none":
+        return settings, run.vae
+    thresholds_networks = run.pruner in ("snip", "grasp", "magnitude") and settings.scope == "network"
+    mode = run.vae or ("separate" if thresholds_networks else "joint")
+    named = [path for path in settings.separate if path == "vae" or path.startswith("vae/")]
+    if named and mode != "separate":
+        raise QrlInputError(f"vae={mode} contradicts separate={','.join(named)}")
+    if mode == "separate" and not named:
+        if not thresholds_networks:
+            raise QrlInputError("vae=separate thresholds the encoder and decoder on their own: it applies to snip, "
+                                f"grasp and magnitude at network scope, not {run.pruner} at {settings.scope} scope")
+        settings = dataclasses.replace(settings, separate=tuple(settings.separate) + VAE_PARTS)
+    return settings, mode
 
 
 def prepare_run(run: PruneRun) -> PreparedRun:
@@ -152,14 +190,19 @@ def prepare_run(run: PruneRun) -> PreparedRun:
     dataset = from_qlearning(d4rl.qlearning_arrays(arrays))
     observation_spec, action_spec = offline.env_specs(env_id)
     offline.check_dataset_matches_env(dataset, observation_spec, action_spec, env_id)
+    if run.prune_batch_size > dataset.size:
+        raise QrlInputError(f"prune_batch_size={run.prune_batch_size} is larger than the dataset "
+                            f"({dataset.size} transitions)")
     if hasattr(algo, "config_for_run"):  # what the dataset and budget fill in (IQL's reward scale, schedule)
         config = algo.config_for_run(config, dataset, run.steps)
     dense = algo.build(config, observation_spec, action_spec)
     scored_state = dense.init(jax.random.PRNGKey(run.seed + (1 if run.score_separate_init else 0)))
     networks = algo.learning.networks_at_init(scored_state)
-    check_separate_paths(run.settings.separate, networks)
+    settings, vae = vae_settings(run, networks)
+    settings.check(run.pruner)
+    check_separate_paths(settings.separate, networks)
     return PreparedRun(algo, config, dataset, env_id, observation_spec, action_spec, reference, reference_source,
-                       scored_state, networks)
+                       scored_state, networks, settings, vae)
 
 
 def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, progress: bool = True,
@@ -177,14 +220,17 @@ def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, prog
         batches = scoring_batches(dataset, run.prune_batches, run.prune_batch_size, run.seed,
                                   bool(getattr(config, "normalize_observations", False)))
         synflow = getattr(algo.learning, "synflow_inputs", None)
+        pruned = {name: params for name, params in networks.items() if not (name == "vae" and prepared.vae == "dense")}
         masks = prune_networks(
-            run.pruner, networks, algo.learning.scoring_losses(config, bounds, prepared.scored_state), batches,
-            run.settings, key=jax.random.PRNGKey(run.seed + 2),
+            run.pruner, pruned, algo.learning.scoring_losses(config, bounds, prepared.scored_state), batches,
+            prepared.settings, key=jax.random.PRNGKey(run.seed + 2),
             synflow_inputs=synflow(config, bounds, observation_size) if synflow else None,
         )
+        masks = {name: masks.get(name) for name in networks}
     workdirs.claim(workdir, "prune_offline", overwrite)
     run_config = {
         **dataclasses.asdict(run), "dataset": os.path.abspath(run.dataset), "env": env_id,
+        "pruned_with": dataclasses.asdict(prepared.settings), "vae_mode": prepared.vae,
         "agent_config": config.to_dict(), "reference_returns": reference, "reference_source": reference_source,
         "qrl_version": qrl.__version__,
     }

@@ -52,6 +52,11 @@ def define_flags() -> None:
     flags.DEFINE_integer("prune_batch_size", 256, "Transitions per scoring batch.")
     flags.DEFINE_enum("scope", "network", ["network", "layer", "global"], "Where the score threshold applies.")
     flags.DEFINE_list("separate", [], "Sub-networks thresholded on their own at network scope, e.g. vae/encoder,vae/decoder.")
+    flags.DEFINE_float("temperature", 1.0, "GraSP's temperature (the reference's default: 200).")
+    flags.DEFINE_bool("reinit", False, "GraSP's reinit: score a copy with Xavier-normal kernels (the reference's default).")
+    flags.DEFINE_integer("iterations", 1, "Rounds of SNIP / GraSP scoring reaching each sparsity (1: single shot).")
+    flags.DEFINE_enum("vae", None, ["separate", "joint", "dense"],
+                      "How BCQ's VAE is pruned (default: encoder and decoder each with its own threshold).")
     flags.DEFINE_multi_string("set", [], "Algorithm config override algo.key=value (repeatable), e.g. bc.hidden_sizes=64-64.")
     flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
 
@@ -74,6 +79,10 @@ class StudyOptions:
     scope: str = "network"
     overrides: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     separate: tuple[str, ...] = ()
+    temperature: float = 1.0
+    reinit: bool = False
+    iterations: int = 1
+    vae: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +128,7 @@ def make_options(
     workdir: Optional[str], datasets: Optional[str], algos: str, pruners: str, sparsities: str, seeds: str,
     steps: int = 100_000, eval_every: int = 5_000, eval_episodes: int = 10, prune_batches: int = 1,
     prune_batch_size: int = 256, scope: str = "network", sets: Sequence[str] = (), separate: Sequence[str] = (),
+    temperature: float = 1.0, reinit: bool = False, iterations: int = 1, vae: Optional[str] = None,
 ) -> StudyOptions:
     """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError."""
     from agents import OFFLINE_AGENT_NAMES, get_offline_agent
@@ -147,16 +157,49 @@ def make_options(
     common.check_ranges([
         ("--steps", steps, common.AT_LEAST_1), ("--eval_every", eval_every, common.AT_LEAST_0),
         ("--eval_episodes", eval_episodes, common.AT_LEAST_1), ("--prune_batches", prune_batches, common.AT_LEAST_1),
-        ("--prune_batch_size", prune_batch_size, common.AT_LEAST_1),
+        ("--prune_batch_size", prune_batch_size, common.AT_LEAST_1), ("--temperature", temperature, common.POSITIVE),
+        ("--iterations", iterations, common.AT_LEAST_1),
     ])
+    if (temperature != 1.0 or reinit) and "grasp" not in pruner_list:
+        raise QrlInputError("--temperature and --reinit are grasp options; --pruners has no grasp")
+    if iterations > 1 and not {"snip", "grasp"} & set(pruner_list):
+        raise QrlInputError("--iterations (rounds of re-scoring) apply to snip and grasp; --pruners has neither")
     for pruner in pruner_list:
-        PruneSettings(sparsity=max(sparsity_list), scope=scope, separate=tuple(separate)).check(pruner)
+        if pruner != DENSE:
+            _cell_settings(pruner, max(sparsity_list), scope, separate, temperature, reinit, iterations).check(pruner)
+    if vae is not None and not any(_has_vae(algo) for algo in algo_list):
+        raise QrlInputError(f"--vae applies to agents with a VAE (bcq); --algos has none: {','.join(algo_list)}")
     overrides = studies.split_agent_overrides(sets, algo_list)
     for algo in algo_list:
         get_offline_agent(algo).config_for(dict(overrides[algo]))
     return StudyOptions(workdir, tuple(dataset_list), tuple(algo_list), tuple(pruner_list), tuple(sparsity_list),
                         tuple(seed_list), steps, eval_every, eval_episodes, prune_batches, prune_batch_size, scope,
-                        overrides, tuple(separate))
+                        overrides, tuple(separate), float(temperature), bool(reinit), int(iterations), vae)
+
+
+def _has_vae(algo: str) -> bool:
+    from agents import get_offline_agent
+
+    return "vae" in getattr(get_offline_agent(algo).learning, "NETWORKS", ())
+
+
+def _cell_vae(cell: "Cell", options: StudyOptions) -> Optional[str]:
+    """The study's `vae` for the cells of agents with a VAE; "separate" only where it applies
+    (SNIP, GraSP, magnitude at network scope), the agent's default elsewhere."""
+    if options.vae is None or cell.pruner == DENSE or not _has_vae(cell.algo):
+        return None
+    if options.vae == "separate" and (cell.pruner not in ("snip", "grasp", "magnitude") or options.scope != "network"):
+        return None
+    return options.vae
+
+
+def _cell_settings(pruner: str, sparsity: float, scope: str, separate: Sequence[str], temperature: float,
+                   reinit: bool, iterations: int) -> PruneSettings:
+    """A cell's settings: GraSP's options (temperature, reinit) go to GraSP's cells, the scoring
+    rounds to SNIP's and GraSP's, so one study can list every pruner."""
+    return PruneSettings(sparsity=sparsity, scope=scope, separate=tuple(separate),
+                         temperature=temperature if pruner == "grasp" else 1.0, reinit=reinit and pruner == "grasp",
+                         iterations=iterations if pruner in ("snip", "grasp") else 1)
 
 
 def plan_cells(options: StudyOptions) -> list[Cell]:
@@ -195,7 +238,9 @@ def check_tasks(options: StudyOptions, cells: Sequence[Cell]) -> None:
 def cell_run(cell: Cell, options: StudyOptions) -> PruneRun:
     return PruneRun(
         dataset=cell.dataset, algo=cell.algo, pruner=cell.pruner,
-        settings=PruneSettings(sparsity=cell.sparsity, scope=options.scope, separate=options.separate),
+        settings=_cell_settings(cell.pruner, cell.sparsity, options.scope, options.separate, options.temperature,
+                                options.reinit, options.iterations),
+        vae=_cell_vae(cell, options),
         overrides=dict(options.overrides[cell.algo]),
         prune_batches=options.prune_batches, prune_batch_size=options.prune_batch_size, steps=options.steps,
         seed=cell.seed, eval_every=options.eval_every, eval_episodes=options.eval_episodes,
@@ -271,7 +316,7 @@ def run() -> None:
     options = make_options(
         FLAGS.workdir, FLAGS.datasets, FLAGS.algos, FLAGS.pruners, FLAGS.sparsities, FLAGS.seeds, FLAGS.steps,
         FLAGS.eval_every, FLAGS.eval_episodes, FLAGS.prune_batches, FLAGS.prune_batch_size, FLAGS.scope, FLAGS.set,
-        FLAGS.separate,
+        FLAGS.separate, FLAGS.temperature, FLAGS.reinit, FLAGS.iterations, FLAGS.vae,
     )
     studies.report_outcome(run_study(options, progress=FLAGS.progress), "pruning study")
 

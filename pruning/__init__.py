@@ -5,7 +5,8 @@
 - `masks`: exact-count masks from scores (network, layer or global scope, layer-collapse guard),
   applying, checking and measuring masks.
 - `single_shot`: `prune_networks` prunes an agent's networks at once, each scored with its own
-  loss (`PruneSettings`: sparsity, scope, temperature, prunable leaves, guard).
+  loss (`PruneSettings`: sparsity, scope, GraSP's temperature and reinit, scoring rounds,
+  prunable leaves, guard).
 - `sparse`: compact storage of pruned fp32 / int8 policies with exact byte accounting.
 - `masked_optax`: an optax transform that keeps pruned weights, their gradients and optimizer
   moments exactly zero; masked Polyak averaging; masks as arrays for checkpoints.
@@ -55,6 +56,7 @@ from pruning.scorers import (
     synflow_layer_outputs,
     synflow_masks,
     synflow_own_flow,
+    xavier_reinit,
 )
 
 __all__ = [
@@ -96,4 +98,5 @@ __all__ = [
     "synflow_layer_outputs",
     "synflow_masks",
     "synflow_own_flow",
+    "xavier_reinit",
 ]

@@ -110,17 +110,26 @@ def batch_gradient(loss_fn: LossFn, params: Params, batches: Sequence[Batch], te
 
 
 def hessian_gradient_product(
-    loss_fn: LossFn, params: Params, batches: Sequence[Batch], temperature: float = 1.0
+    loss_fn: LossFn, params: Params, batches: Sequence[Batch], temperature: float = 1.0, direction: Any = None
 ) -> tuple[Params, Params]:
     """`(g, Hg)`: the batch-averaged gradient and the batch-averaged Hessian-vector product with it.
 
     `g` is computed in a first pass and enters the second as a constant tangent (`jax.jvp` of
     `jax.grad`), as the GraSP reference's detached `grad_w`. Both passes use `temperature`.
-    `g` spans every param (biases too); the reference's spans only conv/linear weights.
+    `direction` (a bool pytree like `params`, e.g. the prunable leaves) restricts the tangent to
+    those leaves, the rest set to zero: then `Hg` is `H[:, d] g_d`, and on the direction's own
+    leaves `H_dd g_d`, what the reference computes over the conv/linear weights only. None: every
+    leaf (`H g` over all params, biases included).
     """
     temperature = _check_temperature(temperature)
     batches = _check_batches(batches)
     gradient = batch_gradient(loss_fn, params, batches, temperature)
+    tangent = gradient
+    if direction is not None:
+        flags = _prunable_flags(params, direction)
+        leaves, treedef = jax.tree.flatten(gradient)
+        tangent = jax.tree.unflatten(treedef, [leaf if flag else jnp.zeros_like(leaf)
+                                               for leaf, flag in zip(leaves, flags)])
 
     @jax.jit
     def hvp(params, batch, temperature, tangent):
@@ -131,7 +140,7 @@ def hessian_gradient_product(
 
     total = None
     for batch in batches:
-        product = hvp(params, batch, temperature, gradient)
+        product = hvp(params, batch, temperature, tangent)
         total = product if total is None else jax.tree.map(jnp.add, total, product)
     return gradient, jax.tree.map(lambda leaf: leaf / len(batches), total)
 
@@ -146,13 +155,34 @@ def snip_scores(loss_fn: LossFn, params: Params, batches: Sequence[Batch], pruna
 def grasp_scores(
     loss_fn: LossFn, params: Params, batches: Sequence[Batch], prunable: Any, temperature: float = 1.0
 ) -> Any:
-    """GraSP (Wang et al., 2020): `S = -w * (H g)` per weight (see `hessian_gradient_product`).
+    """GraSP (Wang et al., 2020): `S = -w * (H_ww g_w)` per prunable weight, `g_w` the batch-
+    averaged gradient over the prunable weights only (biases and excluded layers are not in the
+    Hessian-vector product's direction, as in the reference; see `hessian_gradient_product`).
 
     GraSP removes the LARGEST scores: build its mask with `masks_from_scores(..., keep="lowest")`.
-    `temperature` is the loss's own (the reference divides network outputs by it); 1 for RL losses.
+    `temperature` is the loss's own (the reference divides network outputs by it, 200 there).
     """
-    _, product = hessian_gradient_product(loss_fn, params, batches, temperature)
+    _, product = hessian_gradient_product(loss_fn, params, batches, temperature, direction=prunable)
     return _on_prunable(lambda w, hg: -w * hg, params, prunable, product)
+
+
+def xavier_reinit(key: jax.Array, params: Params, prunable: Any) -> Params:
+    """GraSP's `reinit`: params whose prunable dense kernels are redrawn from Xavier (Glorot)
+    normal, std `sqrt(2 / (fan_in + fan_out))` (PyTorch's `xavier_normal_`, untruncated), as the
+    reference does to its linear layers' weights before scoring; `[in, out]` kernels and stacks
+    `[E, in, out]` (one draw per member). Other leaves (biases, convolution kernels) are unchanged.
+    The masks computed on the redrawn copy apply to the weights that train."""
+    leaves, treedef = jax.tree.flatten(params)
+    flags = _prunable_flags(params, prunable)
+    keys = jax.random.split(key, len(leaves))
+
+    def redraw(leaf_key, leaf):
+        shape = np.shape(leaf)
+        std = math.sqrt(2.0 / (shape[-2] + shape[-1]))
+        return (std * jax.random.normal(leaf_key, shape, jnp.float32)).astype(jnp.asarray(leaf).dtype)
+
+    return jax.tree.unflatten(treedef, [redraw(k, leaf) if flag and np.ndim(leaf) in (2, 3) else leaf
+                                        for k, leaf, flag in zip(keys, leaves, flags)])
 
 
 def magnitude_scores(params: Params, prunable: Any) -> Any:

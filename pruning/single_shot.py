@@ -9,6 +9,11 @@ random).
 `PruneSettings.scope`: "network" (one threshold per network, the reference code's choice),
 "layer" (every prunable layer at the sparsity) or "global" (one threshold over all the agent's
 networks; SNIP, GraSP and magnitude only: their scores are comparable across networks).
+`PruneSettings.iterations` > 1 prunes SNIP or GraSP in rounds: round r of k keeps
+`(1 - sparsity) ** (r / k)` of the weights, re-scored on the network masked by round r - 1 (pruned
+weights rank last and stay pruned); the last round reaches the sparsity exactly.
+`PruneSettings.reinit` scores GraSP on a copy whose dense kernels are redrawn (the reference's
+`reinit`, `scorers.xavier_reinit`); the masks apply to the weights that train.
 `PruneSettings.separate` refines network scope: each named sub-network (`"vae/encoder"`) gets
 its own threshold at the sparsity, and the rest of its network shares one — for networks whose
 parts train on one loss but score on different scales (BCQ's VAE: the KL term gives the encoder
@@ -20,8 +25,10 @@ import numbers
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-from pruning.masks import check_min_kept_per_layer, check_pruner, check_sparsity, masks_from_scores
+from pruning.masks import apply_mask, check_min_kept_per_layer, check_pruner, check_sparsity, masks_from_scores
 from pruning.scorers import (
     DISTRIBUTIONS,
     grasp_scores,
@@ -32,6 +39,7 @@ from pruning.scorers import (
     random_masks,
     snip_scores,
     synflow_masks,
+    xavier_reinit,
 )
 from qrl.errors import QrlInputError
 from qrl.ranges import POSITIVE
@@ -44,7 +52,8 @@ SynflowInputs = Mapping[str, tuple[Callable[[Any, jax.Array], Any], Sequence[int
 @dataclasses.dataclass(frozen=True)
 class PruneSettings:
     """How to prune: the target `sparsity` of each network's prunable weights, the threshold
-    `scope`, GraSP's `temperature`, which leaves are prunable (`include_biases`, `exclude` layer
+    `scope`, GraSP's `temperature` and `reinit`, the scoring rounds (`iterations`, SNIP and GraSP),
+    which leaves are prunable (`include_biases`, `exclude` layer
     paths, e.g. the first and last layers), the layer-collapse guard (`min_kept_per_layer`), the
     random pruner's `random_distribution` ("uniform" or "erk"), SynFlow's `synflow_iterations`,
     and `separate`: sub-network paths `network/module[/...]` thresholded on their own at network
@@ -59,11 +68,25 @@ class PruneSettings:
     random_distribution: str = "uniform"
     synflow_iterations: int = 100
     separate: tuple[str, ...] = ()
+    iterations: int = 1
+    reinit: bool = False
 
     def check(self, pruner: str) -> None:
         check_pruner(pruner)
         check_sparsity(self.sparsity)
         POSITIVE.check("temperature", self.temperature)
+        if self.temperature != 1.0 and pruner != "grasp":
+            raise QrlInputError(f"temperature is a grasp option; {pruner} does not take it")
+        if not isinstance(self.reinit, bool):
+            raise QrlInputError(f"reinit must be true or false, got {self.reinit!r}")
+        if self.reinit and pruner != "grasp":
+            raise QrlInputError(f"reinit is a grasp option; {pruner} does not take it")
+        if isinstance(self.iterations, bool) or not isinstance(self.iterations, numbers.Integral) \
+                or self.iterations < 1:
+            raise QrlInputError(f"iterations must be an integer >= 1, got {self.iterations}")
+        if self.iterations > 1 and pruner not in ("snip", "grasp"):
+            raise QrlInputError(f"iterations (rounds of re-scoring) apply to snip and grasp, not {pruner}"
+                                + (" (use synflow_iterations)" if pruner == "synflow" else ""))
         check_min_kept_per_layer(self.min_kept_per_layer)
         if isinstance(self.synflow_iterations, bool) or not isinstance(self.synflow_iterations, numbers.Integral) \
                 or self.synflow_iterations < 1:
@@ -101,7 +124,8 @@ def prune_networks(
     """`{network: mask}` for `networks` (`{name: params}`) pruned by `pruner` under `settings`.
 
     `losses[name](params, batch, temperature)` is the network's own training loss (SNIP, GraSP);
-    `batches` the offline batches they are scored on; `key` seeds the random pruner;
+    `batches` the offline batches they are scored on; `key` seeds the random pruner and GraSP's
+    `reinit`;
     `synflow_inputs` gives SynFlow each network's apply function and input shape.
     """
     settings.check(pruner)
@@ -129,19 +153,55 @@ def prune_networks(
         return {name: synflow_masks(synflow_inputs[name][0], params, synflow_inputs[name][1], settings.sparsity,
                                     prunable[name], settings.synflow_iterations, scope=settings.scope, **mask_options)
                 for name, params in networks.items()}
-    scores = {}
-    for name, params in networks.items():
-        if pruner == "magnitude":
-            scores[name] = magnitude_scores(params, prunable[name])
-        elif pruner == "snip":
-            scores[name] = snip_scores(losses[name], params, batches, prunable[name])
-        else:
-            scores[name] = grasp_scores(losses[name], params, batches, prunable[name], settings.temperature)
     keep = "lowest" if pruner == "grasp" else "highest"
-    if settings.scope == "global":
-        return masks_from_scores(scores, settings.sparsity, scope="global", keep=keep, **mask_options)
-    return {name: _network_masks(network_scores, groups[name], settings, keep, mask_options)
-            for name, network_scores in scores.items()}
+    scored = dict(networks)
+    if settings.reinit:
+        if key is None:
+            raise QrlInputError("grasp's reinit needs a key")
+        reinit_keys = jax.random.split(jax.random.fold_in(key, 1), len(networks))
+        scored = {name: xavier_reinit(k, params, prunable[name])
+                  for k, (name, params) in zip(reinit_keys, networks.items())}
+
+    def network_scores(name: str, params: Any) -> Any:
+        if pruner == "magnitude":
+            return magnitude_scores(params, prunable[name])
+        if pruner == "snip":
+            return snip_scores(losses[name], params, batches, prunable[name])
+        return grasp_scores(losses[name], params, batches, prunable[name], settings.temperature)
+
+    def threshold(scores: dict, sparsity: float) -> dict:
+        if settings.scope == "global":
+            return masks_from_scores(scores, sparsity, scope="global", keep=keep, **mask_options)
+        return {name: _network_masks(network_scores, groups[name], settings.scope, sparsity, keep, mask_options)
+                for name, network_scores in scores.items()}
+
+    masks = None
+    for round_ in range(1, settings.iterations + 1):
+        sparsity = settings.sparsity if round_ == settings.iterations else \
+            1.0 - (1.0 - settings.sparsity) ** (round_ / settings.iterations)
+        if masks is None:
+            scores = {name: network_scores(name, params) for name, params in scored.items()}
+        else:
+            scores = _pruned_last({name: network_scores(name, apply_mask(params, masks[name]))
+                                   for name, params in scored.items()}, masks, keep)
+        masks = threshold(scores, sparsity)
+    return masks
+
+
+def _pruned_last(scores: dict, masks: dict, keep: str) -> dict:
+    """`{network: scores}` with every weight `masks` pruned moved below (keep "highest") or above
+    (keep "lowest") every kept weight's score, so a later round never revives it."""
+    kept_values = [np.asarray(score)[np.asarray(kept)]
+                   for name in scores
+                   for score, kept in zip(jax.tree.leaves(scores[name]), jax.tree.leaves(masks[name]))]
+    values = np.concatenate([v.ravel() for v in kept_values] + [np.zeros(1)])
+    sentinel = values.min() - 1.0 - abs(values.min()) if keep == "highest" else values.max() + 1.0 + abs(values.max())
+
+    def demote(score, kept):
+        return None if score is None else jnp.where(kept, score, jnp.asarray(sentinel, jnp.asarray(score).dtype))
+
+    return {name: jax.tree.map(demote, scores[name], masks[name], is_leaf=lambda leaf: leaf is None)
+            for name in scores}
 
 
 def check_separate_paths(paths: Sequence[str], networks: Mapping[str, Any]) -> None:
@@ -190,12 +250,12 @@ def _has_scores(tree: Any) -> bool:
     return any(leaf is not None for leaf in jax.tree.leaves(tree, is_leaf=lambda leaf: leaf is None))
 
 
-def _network_masks(scores: Any, groups: Sequence[tuple[str, ...]], settings: PruneSettings, keep: str,
+def _network_masks(scores: Any, groups: Sequence[tuple[str, ...]], scope: str, sparsity: float, keep: str,
                    mask_options: dict) -> Any:
     """One network's mask from its `scores`: one threshold (or one per layer) over the network,
     except that each sub-tree in `groups` is thresholded on its own at the same sparsity."""
     def masks_for(tree):
-        return masks_from_scores(tree, settings.sparsity, scope=settings.scope, keep=keep, **mask_options)
+        return masks_from_scores(tree, sparsity, scope=scope, keep=keep, **mask_options)
 
     if not groups:
         return masks_for(scores)

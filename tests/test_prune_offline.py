@@ -220,3 +220,71 @@ def test_bcq_vae_parts_thresholded_separately_keep_each_its_share(dataset_file, 
     assert results["masks"]["vae"]["kept_fraction"] == pytest.approx(0.1, abs=0.01)
     assert json.loads(open(os.path.join(workdir, "config.json")).read())["settings"]["separate"] == [
         "vae/encoder", "vae/decoder"]
+
+
+BCQ_SMALL = {"vae_hidden_sizes": "32-32", "actor_hidden_sizes": "16-16", "critic_hidden_sizes": "16-16",
+             "batch_size": 32, "acting_samples": 4}
+
+
+@pytest.mark.parametrize("vae, pruned", [(None, "separate"), ("joint", "joint"), ("dense", "dense")])
+def test_bcq_vae_modes(dataset_file, tmp_path, vae, pruned):
+    """By default the encoder and the decoder each keep the sparsity's share (their own
+    thresholds); `joint` thresholds the VAE once; `dense` leaves it unpruned; each run records
+    which it used."""
+    from launch.prune_runs import PruneRun, read_masks, run_prune_offline
+
+    run = PruneRun(dataset=dataset_file, algo="bcq", pruner="grasp", settings=PruneSettings(sparsity=0.9),
+                   overrides=BCQ_SMALL, vae=vae, steps=2, eval_every=0, eval_episodes=1)
+    workdir = str(tmp_path / f"bcq_{pruned}")
+    results = run_prune_offline(run, workdir, progress=False, printer=lambda line: None)
+    config = json.loads(open(os.path.join(workdir, "config.json")).read())
+    assert config["vae_mode"] == pruned
+    stored = read_masks(workdir)
+    for name in ("actor", "critic"):
+        assert results["masks"][name]["kept_fraction"] == pytest.approx(0.1, abs=0.01)
+    if pruned == "dense":
+        assert results["masks"]["vae"] is None and "vae" not in stored
+        return
+    shares = {}
+    for part in ("encoder", "decoder"):
+        kept, total = kept_count(stored["vae"][part]), sum(np.size(leaf) for leaf in jax.tree.leaves(stored["vae"][part]))
+        shares[part] = kept / total
+    assert config["pruned_with"]["separate"] == (["vae/encoder", "vae/decoder"] if pruned == "separate" else [])
+    if pruned == "separate":
+        assert shares == pytest.approx({"encoder": 0.1, "decoder": 0.1}, abs=0.002)
+
+
+def test_scoring_batches_see_observations_as_the_agent_trains_on_them(dataset_file):
+    """An agent training on normalized observations (BCQ with normalize_observations) is scored
+    on normalized ones: the VAE's scores then weigh encoder and decoder as training will."""
+    from launch.prune_runs import scoring_batches
+    from qrl.datasets import d4rl, files, from_qlearning, normalize_observations
+
+    dataset = from_qlearning(d4rl.qlearning_arrays(files.read_steps(dataset_file)))
+    raw = scoring_batches(dataset, 2, 16, seed=3, normalize=False)
+    normalized = scoring_batches(dataset, 2, 16, seed=3, normalize=True)
+    for plain, seen in zip(raw, normalized):
+        np.testing.assert_allclose(seen.observation, normalize_observations(dataset, plain.observation), rtol=1e-6)
+        np.testing.assert_allclose(seen.next_observation, normalize_observations(dataset, plain.next_observation),
+                                   rtol=1e-6)
+        np.testing.assert_array_equal(seen.action, plain.action)
+    assert not np.allclose(raw[0].observation, normalized[0].observation)
+
+
+def test_bcq_scoring_uses_the_configs_normalization(dataset_file, monkeypatch):
+    """`run_prune_offline` hands the scorer normalized batches exactly when BCQ trains on them."""
+    from launch import prune_runs
+
+    seen = {}
+
+    def record(dataset, count, batch_size, seed, normalize):
+        seen["normalize"] = normalize
+        raise RuntimeError("stop after scoring batches")
+
+    monkeypatch.setattr(prune_runs, "scoring_batches", record)
+    for normalize in (False, True):
+        run = prune_runs.PruneRun(dataset=dataset_file, algo="bcq", pruner="snip",
+                                  overrides={**BCQ_SMALL, "normalize_observations": normalize}, steps=1)
+        with pytest.raises(RuntimeError, match="stop after scoring"):
+            prune_runs.run_prune_offline(run, "/nonexistent/never_written", progress=False)
+        assert seen["normalize"] is normalize

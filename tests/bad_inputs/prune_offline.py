@@ -63,5 +63,12 @@ CASES = [
     _case("negative-min-kept", "--min_kept_per_layer must be >= 0", "--min_kept_per_layer=-1"),
     _case("nan-learning-rate", "learning_rate must be a finite number", "--set=learning_rate=nan"),
     _case("separate-names-no-network", "names no network", "--separate=vae/encoder"),
+    _case("vae-option-without-a-vae", "vae=dense applies to agents with a VAE (bcq), not bc", "--vae=dense"),
+    _case("scoring-batch-beyond-the-dataset", "prune_batch_size=5000 is larger than the dataset", "--prune_batch_size=5000"),
+    _case("zero-iterations", "--iterations must be >= 1", "--iterations=0"),
+    _case("iterations-for-random", "iterations (rounds of re-scoring) apply to snip and grasp, not random",
+          "--pruner=random", "--iterations=2"),
+    _case("temperature-for-snip", "temperature is a grasp option; snip does not take it", "--temperature=200"),
+    _case("reinit-for-snip", "reinit is a grasp option; snip does not take it", "--reinit"),
     _case("masks-from-nowhere", "no masks.msgpack", "--masks_from={tmp}/nowhere"),
 ]

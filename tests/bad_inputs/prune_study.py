@@ -33,6 +33,12 @@ def _case(name, fragment, *args, setup=_dataset):
 
 CASES = [
     _case("missing-dataset", "no such dataset", setup=None),
+    _case("vae-option-without-a-vae", "--vae applies to agents with a VAE (bcq); --algos has none: bc", "--vae=dense"),
+    _case("scoring-batch-beyond-the-dataset", "prune_batch_size=5000 is larger than the dataset",
+          "--prune_batch_size=5000"),
+    _case("zero-iterations", "--iterations must be >= 1", "--iterations=0"),
+    _case("temperature-without-grasp", "--temperature and --reinit are grasp options", "--temperature=200"),
+    _case("negative-temperature", "--temperature must be > 0", "--pruners=grasp", "--temperature=-1"),
     _case("observation-size-mismatch", "dataset observations have 5 dims", setup=_wide_dataset),
     _case("dataset-names-unknown-env", "NoSuchEnv", setup=_unknown_env_dataset),
     _case("workdir-is-a-file", "is not a directory", setup=_dataset_and_file_at_study),
@@ -50,5 +56,6 @@ CASES = [
     _case("zero-hidden-sizes", "hidden_sizes must be positive layer widths", "--set=bc.hidden_sizes=0-0"),
     Case("launch.prune_study", "separate-names-no-sub-network", (
         "--datasets={tmp}/data.hdf5", "--workdir={tmp}/study", "--algos=bcq", "--pruners=snip", "--sparsities=0.9",
-        "--seeds=0", "--steps=20", "--progress=false", "--separate=vae/nope"), "names no sub-network", _dataset),
+        "--seeds=0", "--steps=20", "--progress=false", "--prune_batch_size=16", "--separate=vae/nope"),
+        "names no sub-network", _dataset),
 ]
