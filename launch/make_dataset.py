@@ -8,7 +8,8 @@ sample a level from it and write D4RL HDF5 or a Minari dataset.
 
 Every level of one env and seed shares the SAC run in `--workdir` (default
 `runs/make_dataset/<env>-seed<seed>`): the first call trains it, later calls only sample, and an
-interrupted call resumes. See `qrl.datasets.generate` for the recipe and the files.
+interrupted call resumes. `--level=random` trains nothing: it samples the initialization at once
+(the expert reference is filled in once SAC has been trained, see `qrl.datasets.generate`). See `qrl.datasets.generate` for the recipe and the files.
 """
 
 import os
@@ -109,12 +110,14 @@ def run() -> None:
         medium_fraction=FLAGS.medium_fraction,
     )
     started = time.perf_counter()
-    if not behavior.trained and FLAGS.progress:
+    needs_training = FLAGS.level != "random"  # the random level samples the initialization
+    if needs_training and not behavior.trained and FLAGS.progress:
         done = behavior.record["checkpoints"][-1]["step"] if behavior.record["checkpoints"] else 0
         _say(f"training SAC on {FLAGS.env} for {FLAGS.sac_steps} steps in {workdir}"
              + (f" (resuming at step {done})" if done else ""))
-    record = behavior.train(progress=FLAGS.progress)
-    references = record["references"]
+    if needs_training or behavior.trained:
+        behavior.train(progress=FLAGS.progress)
+    references = behavior.known_references()
     arrays = behavior.level_arrays(FLAGS.level, FLAGS.size or None, num_envs=FLAGS.num_envs,
                                    progress=_say if FLAGS.progress else None)
     stored = arrays.pop("metadata")
@@ -124,13 +127,18 @@ def run() -> None:
     else:
         minari_io.write_minari(arrays, os.path.abspath(FLAGS.out), dataset_id, FLAGS.env, metadata,
                                overwrite=FLAGS.overwrite)
-    if not references["expert"]["return_mean"] > references["random"]["return_mean"]:
+    if "expert" not in references:
+        print(f"note: no expert reference yet (SAC in {workdir} is not trained), so normalized scores of this "
+              "dataset are undefined; any other level trains SAC, after which this command fills the reference in "
+              "(pass --overwrite to rewrite --out)", file=sys.stderr)
+    elif not references["expert"]["return_mean"] > references["random"]["return_mean"]:
         print(f"warning: the expert's return ({references['expert']['return_mean']:.1f}) does not exceed the random "
               f"policy's ({references['random']['return_mean']:.1f}); normalized scores are undefined: train longer "
               "(--sac_steps)", file=sys.stderr)
+    expert = f"{references['expert']['return_mean']:.1f}" if "expert" in references else "not measured yet"
     print(f"{FLAGS.level} {FLAGS.env}: {len(arrays['rewards'])} transitions, policy return "
           f"{metadata['policy_return']:.1f} (random {references['random']['return_mean']:.1f}, expert "
-          f"{references['expert']['return_mean']:.1f}) -> {destination} [{time.perf_counter() - started:.0f} s]")
+          f"{expert}) -> {destination} [{time.perf_counter() - started:.0f} s]")
 
 
 if __name__ == "__main__":

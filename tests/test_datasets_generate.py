@@ -277,3 +277,42 @@ def test_brax_ids_generate_through_the_host_loop(tmp_path):
     assert lengths.max() <= 40  # the env's own episode limit
     assert d4rl.metadata_value(arrays["metadata"], "env_id") == env_id
     assert "brax" in d4rl.metadata_value(arrays["metadata"], "env_versions")
+
+
+def test_random_level_is_written_without_training_and_gets_the_expert_reference_later(tmp_path):
+    """`make_dataset --level=random` samples the initialization at once (no SAC training, only
+    the random reference, the expert's marked missing); once the run is trained, asking again
+    fills the cached level's expert reference, the steps unchanged."""
+    workdir, out = tmp_path / "behavior", tmp_path / "hopper-random.hdf5"
+    flags = [f"--env={ENV_ID}", "--level=random", "--size=250", f"--workdir={workdir}", "--sac_steps=400",
+             "--checkpoint_every=100", "--eval_episodes=2", "--reference_episodes=3", "--num_envs=2", "--seed=1",
+             *[f"--set={key}={value}" for key, value in SAC_SETTINGS.items()], "--set=flat_optimizer=true"]
+    first = run_module("launch.make_dataset", *flags, f"--out={out}")
+    assert first.returncode == 0, first.stderr
+    assert "training SAC" not in first.stdout and "expert not measured yet" in first.stdout
+    assert "no expert reference yet" in first.stderr
+    assert not (workdir / "policies").exists() and not (workdir / "state").exists()
+    written = files.read_steps(out)
+    assert len(written["rewards"]) == 250
+    assert d4rl.metadata_value(written["metadata"], "references_missing") == "expert"
+    assert d4rl.metadata_value(written["metadata"], "ref_max_score") is None
+    assert d4rl.metadata_value(written["metadata"], "policy_step") == 0
+    random_return = d4rl.metadata_value(written["metadata"], "ref_min_score")
+
+    config = sac.config_for(ENV_ID, {**SAC_SETTINGS, "flat_optimizer": True})  # what the CLI's one XLA thread picks
+    run = generate.BehaviorRun(sac.AGENT, config, ENV_ID, 400, seed=1, workdir=str(workdir), checkpoint_every=100,
+                               eval_episodes=2, reference_episodes=3)
+    assert not run.trained and run.record["random_reference"]["return_mean"] == random_return
+    run.train(progress=False)
+    assert run.record["references"]["random"]["return_mean"] == random_return
+    again = run.level_arrays("random", 250, num_envs=2)
+    for key in collect.STEP_KEYS:
+        np.testing.assert_array_equal(again[key], written[key], err_msg=key)
+    assert d4rl.metadata_value(again["metadata"], "ref_max_score") == run.record["references"]["expert"]["return_mean"]
+    assert d4rl.metadata_value(again["metadata"], "references_missing") == ""
+    rewritten = run_module("launch.make_dataset", *flags, f"--out={out}", "--overwrite")
+    assert rewritten.returncode == 0, rewritten.stderr
+    assert "no expert reference yet" not in rewritten.stderr
+    reference, source = files.reference_returns(out, files.read_steps(out)["metadata"])
+    assert source == "the dataset's metadata" and reference == (random_return,
+                                                                run.record["references"]["expert"]["return_mean"])

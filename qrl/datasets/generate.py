@@ -15,6 +15,10 @@ sampled from the stochastic policy; episodes last at most 1000 steps with `timeo
 truncation. The reference returns stored with every level (`ref_min_score`, `ref_max_score`,
 D4RL's names) are the random and expert policies' averages over 100 sampled episodes.
 
+`random` needs no training: asked for before the agent is trained, it is written at once from the
+initialization with only the random reference (`references_missing` = "expert" in its metadata);
+asked for again once the agent is trained, the cached level gets the expert reference too.
+
 The workdir holds everything a later call reuses, so one training serves every level and an
 interrupted run resumes: `training.json` (settings, checkpoints with their evaluated returns,
 references: the commit point, written last), `state/` (the latest full train states, orbax),
@@ -276,17 +280,28 @@ class BehaviorRun:
             if name.isdigit() and int(name) > step:
                 shutil.rmtree(os.path.join(directory, name))
 
+    def _reference(self, step: int) -> dict:
+        """The return of the policy at checkpoint `step` (0: the initialization) over `reference_episodes`."""
+        result = average_return(self.env_id, self.act, self.policy_params(step), self.reference_episodes,
+                                self.seed + REFERENCE_SEED, max_episode_steps=MAX_EPISODE_STEPS,
+                                env_options=self.env_options)
+        return {"step": step, "return_mean": result.mean, "return_std": result.std, "episodes": self.reference_episodes}
+
     def _references(self) -> dict:
         """Random (initialization) and expert (final) policies' returns over `reference_episodes`."""
-        final = self.record["checkpoints"][-1]["step"]
-        references = {}
-        for name, step in (("random", 0), ("expert", final)):
-            result = average_return(self.env_id, self.act, self.policy_params(step), self.reference_episodes,
-                                    self.seed + REFERENCE_SEED, max_episode_steps=MAX_EPISODE_STEPS,
-                                    env_options=self.env_options)
-            references[name] = {"step": step, "return_mean": result.mean, "return_std": result.std,
-                                "episodes": self.reference_episodes}
-        return references
+        random = self.record.get("random_reference") or self._reference(0)
+        return {"random": random, "expert": self._reference(self.record["checkpoints"][-1]["step"])}
+
+    def known_references(self) -> dict:
+        """The references measured so far: both once trained; before training only the random
+        policy's (the initialization needs no training), measured once and kept in the record."""
+        if "references" in self.record:
+            return self.record["references"]
+        if "random_reference" not in self.record:
+            self.record["random_reference"] = self._reference(0)
+            os.makedirs(self.workdir, exist_ok=True)
+            self._write_record()
+        return {"random": self.record["random_reference"]}
 
     def medium_checkpoint(self) -> dict:
         references = self.record["references"]
@@ -306,11 +321,15 @@ class BehaviorRun:
             raise QrlInputError(f"size must be a positive integer, got {size!r}")
         if size is None and level != "medium-replay":
             raise QrlInputError(f"level {level} needs a size")
-        if not self.trained or "references" not in self.record:
+        if level != "random" and (not self.trained or "references" not in self.record):
             raise QrlInputError(f"{self.workdir}: the behaviour agent is not trained yet (call train())")
         path = self._path("levels", f"{level}-{'all' if size is None else size}.hdf5")
         if os.path.exists(path):
-            return d4rl.read_hdf5(path)
+            cached = d4rl.read_hdf5(path)
+            if level == "random" and "references" in self.record \
+                    and d4rl.metadata_value(cached["metadata"], "ref_max_score") is None:
+                return self._with_references(path, cached)  # written before the expert existed
+            return cached
         if progress:
             progress(f"collecting {level} ({size or 'all'} steps) on {self.env_id}")
         started = time.perf_counter()
@@ -335,9 +354,8 @@ class BehaviorRun:
             details = {"policy_step": medium["step"], "checkpoint_return": medium["return_mean"], "collection_seed": -1,
                        "policy_return": float(returns.mean()) if len(returns) else float("nan")}
         else:
-            step = {"random": 0, "medium": lambda: self.medium_checkpoint()["step"],
-                    "expert": self.record["checkpoints"][-1]["step"]}[level]
-            step = step() if callable(step) else step
+            step = {"random": lambda: 0, "medium": lambda: self.medium_checkpoint()["step"],
+                    "expert": lambda: self.record["checkpoints"][-1]["step"]}[level]()
             seed = self.seed + COLLECTION_SEED + 100_000 * LEVELS.index(level)
             arrays, stats = collect_steps(self.env_id, self.act, self.policy_params(step), size, seed,
                                           num_envs=num_envs, max_episode_steps=MAX_EPISODE_STEPS,
@@ -350,16 +368,33 @@ class BehaviorRun:
         write_d4rl_hdf5(path, arrays, metadata)
         return d4rl.read_hdf5(path)
 
+    def _with_references(self, path: str, cached: dict) -> dict:
+        """A cached level rewritten with both references in its metadata (same steps)."""
+        stored = cached.pop("metadata")
+        metadata = {key: d4rl.metadata_value(stored, key) for key in stored}
+        metadata.update(self._reference_metadata())
+        write_d4rl_hdf5(path, cached, metadata)
+        return d4rl.read_hdf5(path)
+
+    def _reference_metadata(self) -> dict[str, Any]:
+        """`ref_min_score` / `ref_max_score` as far as they are known, and `references_missing`
+        ("expert" for a random level written before the behaviour agent was trained, else "")."""
+        references = self.known_references()
+        metadata = {"ref_min_score": references["random"]["return_mean"], "references_missing": ""}
+        if "expert" in references:
+            metadata["ref_max_score"] = references["expert"]["return_mean"]
+        else:
+            metadata["references_missing"] = "expert"
+        return metadata
+
     def metadata(self, level: str, details: dict, seconds: float) -> dict[str, Any]:
         """What every generated level records (flat scalars and strings, for both formats)."""
-        references = self.record["references"]
         return {
             "env_id": self.env_id,
             "env_versions": env_versions(self.env_id),
             "level": level,
             **details,
-            "ref_min_score": references["random"]["return_mean"],
-            "ref_max_score": references["expert"]["return_mean"],
+            **self._reference_metadata(),
             "reference_episodes": self.reference_episodes,
             "algorithm_name": self.agent.name.upper(),
             "algorithm_steps": self.steps,
