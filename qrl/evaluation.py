@@ -6,7 +6,7 @@ step, always with the full batch so a jitted policy compiles once.
 """
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -128,6 +128,21 @@ def evaluate(
         return EvalResult(env_id=env_id, seed=seed, mean=float(np.mean(returns)), std=float(np.std(returns)),
                           returns=tuple(float(v) for v in returns), lengths=tuple(int(v) for v in lengths))
     envs = [make(env_id, seed + index, **options) for index in range(episodes)]
+    returns, lengths = _run_host_episodes(policy, envs, max_steps)
+    return EvalResult(
+        env_id=env_id,
+        seed=seed,
+        mean=float(np.mean(returns)),
+        std=float(np.std(returns)),
+        returns=tuple(float(value) for value in returns),
+        lengths=tuple(int(value) for value in lengths),
+    )
+
+
+def _run_host_episodes(policy: Policy, envs: list, max_steps: Optional[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and lengths of one episode in each of `envs` (closed afterwards), all stepped side
+    by side with one `policy` call per step on every env's observation."""
+    episodes = len(envs)
     try:
         discrete = is_discrete(envs[0].action_spec())
         observations = np.stack([env.reset().observation for env in envs])
@@ -149,14 +164,41 @@ def evaluate(
     finally:
         for env in envs:
             env.close()
-    return EvalResult(
-        env_id=env_id,
-        seed=seed,
-        mean=float(np.mean(returns)),
-        std=float(np.std(returns)),
-        returns=tuple(float(value) for value in returns),
-        lengths=tuple(int(value) for value in lengths),
-    )
+    return returns, lengths
+
+
+def evaluate_many(
+    policy: Callable[[np.ndarray], Any],
+    env_id: str,
+    seeds: Sequence[int],
+    episodes: int,
+    max_steps: Optional[int] = None,
+    env_options: Optional[Mapping[str, Any]] = None,
+) -> list[EvalResult]:
+    """`evaluate` for G policies at once: `policy(obs [G, E, ...]) -> actions [G, E, ...]` (G =
+    `len(seeds)`, E = `episodes`), policy g's episode i in an env seeded `seeds[g] + i`, exactly
+    the envs `evaluate(..., seed=seeds[g])` would make. All G x E episodes step side by side, so a
+    batch of trained configurations is evaluated with one policy call per step. Host envs only."""
+    episodes = _check_count("episodes", episodes)
+    max_steps = _check_count("max_steps", max_steps, allow_none=True)
+    seeds = [check_seed(seed) for seed in seeds]
+    if not seeds:
+        raise QrlInputError("evaluate_many needs at least one seed")
+    if _is_device_id(env_id):
+        raise QrlInputError(f"evaluate_many runs host environments; {env_id} is a device environment")
+    options = dict(env_options or {})
+    groups = len(seeds)
+    envs = [make(env_id, seed + index, **options) for seed in seeds for index in range(episodes)]
+
+    def flat_policy(observations):
+        actions = np.asarray(policy(observations.reshape(groups, episodes, *observations.shape[1:])))
+        return actions.reshape(groups * episodes, *actions.shape[2:])
+
+    returns, lengths = _run_host_episodes(flat_policy, envs, max_steps)
+    returns, lengths = returns.reshape(groups, episodes), lengths.reshape(groups, episodes)
+    return [EvalResult(env_id=env_id, seed=seed, mean=float(np.mean(returns[g])), std=float(np.std(returns[g])),
+                       returns=tuple(float(v) for v in returns[g]), lengths=tuple(int(v) for v in lengths[g]))
+            for g, seed in enumerate(seeds)]
 
 
 def collect_observations(

@@ -45,3 +45,12 @@ def test_throughput_bench_times_every_offline_agent_and_skips_a_missing_d3rlpy(t
         "BC", "TD3+BC", "TD3+BC, matmul_dtype=bf16", "IQL", "IQL, matmul_dtype=bf16", "BCQ", bcq_bf16]
     assert all(row["qrl_steps_per_second"] > 0 and row["ratio"] is None for row in results["rows"])
     assert results["setup"]["d3rlpy"] is None and results["setup"]["xla_threads"] == 1
+
+
+def test_offline_many_bench_times_one_program_against_sequential_cells(tmp_path):
+    output = run_bench("bench.offline_many", "--quick", f"--json={tmp_path / 'many.json'}")
+    assert "C=  2: one program" in output and "(goal >= 3x at 8)" in output
+    results = json.loads((tmp_path / "many.json").read_text())
+    row = results["rows"][0]
+    assert row["configurations"] == 2 and row["gain"] == row["sequential_seconds"] / row["one_program_seconds"]
+    assert row["max_param_difference"] < 1e-4
