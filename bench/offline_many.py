@@ -14,7 +14,8 @@ gym:Hopper-v5):
 Both run in this process on the same XLA threads (`--xla_threads`, default 1 as the study's
 cells); the sequential arm is timed on min(C, `--sequential_cap`) configurations and scaled to C.
 Prints the wall time of each arm and the ratio sequential / one program, the grid's throughput gain.
-The two arms' final params are compared (max |difference|), so the speedup is for the same results.
+The two arms' final params are compared (max |difference|): they agree up to float rounding, which
+Adam's steps let grow over a run (`qrl.offline_many`).
 """
 
 import argparse

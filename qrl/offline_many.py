@@ -8,8 +8,11 @@ call per step (`qrl.evaluation.evaluate_many`).
 
 Configuration c follows `train_offline(..., seed=seeds[c])` with `build(..., mask=masks[c])`: the
 same initialization key, the same sampled batches and the same evaluation envs. Its numbers agree
-with that sequential run up to float rounding (a batched matmul may sum in another order; see
-tests/test_offline_many.py for the measured bound). A configuration without a mask for a network
+with that run's up to float rounding, not bit for bit: XLA compiles the batched program with other
+summation orders (batched matmuls, fused reductions; even `lax.map` over the configurations
+differs from a separately compiled run by an ulp), and Adam's normalized steps let such
+differences grow over long runs (see tests/test_offline_many.py and bench/offline_many.py for
+the measured differences). A configuration without a mask for a network
 others mask trains under an all-kept mask there, which leaves every update unchanged.
 """
 
@@ -28,8 +31,6 @@ from qrl.offline import OfflineAgent, _next_due, _score, check_count, check_data
 from qrl.run_monitor import EVAL_SEED_OFFSET
 
 Build = Callable[..., OfflineAgent]
-
-
 def _all_kept(mask: Any) -> Any:
     return jax.tree.map(lambda kept: jnp.ones(np.shape(kept), bool), mask)
 
