@@ -13,7 +13,7 @@ dense fp32 and PyTorch-style COO.
 
 import dataclasses
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
@@ -24,7 +24,9 @@ from pruning import PruneSettings, check_mask, kept_fraction, layer_kept_fractio
 from pruning import check_separate_paths, prune_networks, sparse, subtree_at
 from qrl import io, offline, runtime, workdirs
 from qrl.datasets import d4rl, files, from_qlearning, normalize_observations, sample
+from qrl.checkpointing import Checkpointer
 from qrl.errors import QrlInputError
+from qrl.logging import MetricsLogger
 from qrl.networks.continuous import bounds as action_bounds
 from qrl.replay import Transition
 
@@ -205,44 +207,45 @@ def prepare_run(run: PruneRun) -> PreparedRun:
                        scored_state, networks, settings, vae)
 
 
-def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, progress: bool = True,
-                      printer=print) -> dict:
-    """Prunes, trains and accounts one run into `workdir`; returns its results dict."""
-    prepared = prepare_run(run)
-    algo, config, dataset, env_id = prepared.algo, prepared.config, prepared.dataset, prepared.env_id
-    reference, reference_source = prepared.reference, prepared.reference_source
-    bounds = action_bounds(prepared.action_spec)
-    observation_size = int(prepared.observation_spec.shape[-1])
+def run_masks(run: PruneRun, prepared: PreparedRun) -> dict:
+    """`{network: mask or None}` of `run`: reused from `masks_from`, or computed by its pruner on
+    its scoring batches (a VAE left dense under `vae=dense`)."""
     networks = prepared.networks
     if run.masks_from:
-        masks = load_masks(run.masks_from, networks)
-    else:
-        batches = scoring_batches(dataset, run.prune_batches, run.prune_batch_size, run.seed,
-                                  bool(getattr(config, "normalize_observations", False)))
-        synflow = getattr(algo.learning, "synflow_inputs", None)
-        pruned = {name: params for name, params in networks.items() if not (name == "vae" and prepared.vae == "dense")}
-        masks = prune_networks(
-            run.pruner, pruned, algo.learning.scoring_losses(config, bounds, prepared.scored_state), batches,
-            prepared.settings, key=jax.random.PRNGKey(run.seed + 2),
-            synflow_inputs=synflow(config, bounds, observation_size) if synflow else None,
-        )
-        masks = {name: masks.get(name) for name in networks}
+        return load_masks(run.masks_from, networks)
+    config = prepared.config
+    bounds = action_bounds(prepared.action_spec)
+    batches = scoring_batches(prepared.dataset, run.prune_batches, run.prune_batch_size, run.seed,
+                              bool(getattr(config, "normalize_observations", False)))
+    synflow = getattr(prepared.algo.learning, "synflow_inputs", None)
+    pruned = {name: params for name, params in networks.items() if not (name == "vae" and prepared.vae == "dense")}
+    masks = prune_networks(
+        run.pruner, pruned, prepared.algo.learning.scoring_losses(config, bounds, prepared.scored_state), batches,
+        prepared.settings, key=jax.random.PRNGKey(run.seed + 2),
+        synflow_inputs=synflow(config, bounds, int(prepared.observation_spec.shape[-1])) if synflow else None,
+    )
+    return {name: masks.get(name) for name in networks}
+
+
+def _start_cell(run: PruneRun, prepared: PreparedRun, masks: dict, workdir: str, overwrite: bool) -> dict:
+    """Claims `workdir` and writes the run's `config.json` and masks; returns the run config."""
     workdirs.claim(workdir, "prune_offline", overwrite)
     run_config = {
-        **dataclasses.asdict(run), "dataset": os.path.abspath(run.dataset), "env": env_id,
+        **dataclasses.asdict(run), "dataset": os.path.abspath(run.dataset), "env": prepared.env_id,
         "pruned_with": dataclasses.asdict(prepared.settings), "vae_mode": prepared.vae,
-        "agent_config": config.to_dict(), "reference_returns": reference, "reference_source": reference_source,
-        "qrl_version": qrl.__version__,
+        "agent_config": prepared.config.to_dict(), "reference_returns": prepared.reference,
+        "reference_source": prepared.reference_source, "qrl_version": qrl.__version__,
     }
     io.atomic_write_json(os.path.join(workdir, "config.json"), run_config)
     io.atomic_write_bytes(os.path.join(workdir, MASKS_FILE), serialization.msgpack_serialize(
         {name: mask_to_arrays(mask) for name, mask in masks.items() if mask is not None}))
+    return run_config
 
-    state, results = algo.train(
-        dataset, env_id, config, run.steps, run.seed, workdir=workdir,
-        mask={name: mask for name, mask in masks.items() if mask is not None} or None,
-        eval_every=run.eval_every, eval_episodes=run.eval_episodes, reference=reference, progress=progress,
-    )
+
+def _finish_cell(run: PruneRun, prepared: PreparedRun, masks: dict, state: Any, results: dict, run_config: dict,
+                 workdir: str, printer) -> dict:
+    """Accounts the trained policy's memory, writes its CSR files and, last, `results.json`."""
+    algo = prepared.algo
     trained = algo.learning.networks_at_init(state)
     policy_networks = getattr(algo.learning, "POLICY_NETWORKS", ("actor",))
     # The parts of the networks the deployed policy runs (BCQ acts with the VAE's decoder, not its encoder).
@@ -258,11 +261,93 @@ def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, prog
     io.atomic_write_json(os.path.join(workdir, RESULTS_FILE), results)
     final, score = results["final_eval"], results.get("normalized_score")
     best = min(memory[2:], key=lambda row: row["bytes"])
-    printer(f"{run.algo} {run.pruner} at sparsity {run.settings.sparsity:g} on {env_id}: return {final['mean']:.1f} ± "
-            f"{final['std']:.1f}" + (f", normalized {score['mean']:.1f}" if score else "")
+    printer(f"{run.algo} {run.pruner} at sparsity {run.settings.sparsity:g} on {prepared.env_id}: return "
+            f"{final['mean']:.1f} ± {final['std']:.1f}" + (f", normalized {score['mean']:.1f}" if score else "")
             + f"; policy {best['bytes']} bytes as {best['format']} {best['precision']} "
             f"({best['vs_dense_fp32']:.3f}× dense fp32) -> {workdir}")
     return results
+
+
+def _present(masks: dict) -> Optional[dict]:
+    return {name: mask for name, mask in masks.items() if mask is not None} or None
+
+
+def run_prune_offline(run: PruneRun, workdir: str, overwrite: bool = False, progress: bool = True,
+                      printer=print) -> dict:
+    """Prunes, trains and accounts one run into `workdir`; returns its results dict."""
+    prepared = prepare_run(run)
+    masks = run_masks(run, prepared)
+    run_config = _start_cell(run, prepared, masks, workdir, overwrite)
+    state, results = prepared.algo.train(
+        prepared.dataset, prepared.env_id, prepared.config, run.steps, run.seed, workdir=workdir, mask=_present(masks),
+        eval_every=run.eval_every, eval_episodes=run.eval_episodes, reference=prepared.reference, progress=progress,
+    )
+    return _finish_cell(run, prepared, masks, state, results, run_config, workdir, printer)
+
+
+SHARED_FIELDS = ("dataset", "algo", "env", "overrides", "steps", "eval_every", "eval_episodes")
+
+
+def _in_layout(state: Any, template: Any) -> Any:
+    """`state`'s values in `template`'s pytree (the run's own layout): a configuration the program
+    trained under all-kept masks for networks it leaves unpruned drops those mask leaves, so its
+    checkpoint is what the sequential run would save."""
+    values = {jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]}
+    paths, treedef = jax.tree_util.tree_flatten_with_path(template)
+    missing = [jax.tree_util.keystr(path) for path, _ in paths if jax.tree_util.keystr(path) not in values]
+    if missing:
+        raise ValueError(f"the program's state lacks {missing[0]} of the run's layout")
+    return jax.tree_util.tree_unflatten(treedef, [values[jax.tree_util.keystr(path)] for path, _ in paths])
+
+
+def run_prune_offline_many(runs: Sequence[PruneRun], run_workdirs: Sequence[str], overwrite: bool = False,
+                           progress: bool = True, printer=print) -> list[dict]:
+    """Runs that differ only in pruner, settings, scoring data and seed, trained as one program
+    (`qrl.offline_many.train_many`): each is pruned on its own, then all train together, and
+    each workdir gets what `run_prune_offline` writes (metrics.csv holds the evaluations, the
+    checkpoint the final state). Returns each run's results dict."""
+    from qrl.offline_many import train_many
+
+    runs, run_workdirs = list(runs), list(run_workdirs)
+    if not runs or len(runs) != len(run_workdirs):
+        raise QrlInputError(f"run_prune_offline_many takes one workdir per run; got {len(runs)} runs, "
+                            f"{len(run_workdirs)} workdirs")
+    for run in runs[1:]:
+        differing = [field for field in SHARED_FIELDS if getattr(run, field) != getattr(runs[0], field)]
+        if differing:
+            raise QrlInputError(f"runs trained as one program must share {', '.join(differing)}")
+    prepared = [prepare_run(run) for run in runs]
+    masks = [run_masks(run, ready) for run, ready in zip(runs, prepared)]
+    first = prepared[0]
+    run_configs = [_start_cell(run, ready, mask, workdir, overwrite)
+                   for run, ready, mask, workdir in zip(runs, prepared, masks, run_workdirs)]
+    states, results = train_many(
+        first.algo.build, first.dataset, first.env_id, first.config, runs[0].steps, [run.seed for run in runs],
+        [_present(mask) for mask in masks], eval_every=runs[0].eval_every, eval_episodes=runs[0].eval_episodes,
+        reference=first.reference, progress=progress,
+    )
+    finished = []
+    for index, (run, ready, mask, workdir) in enumerate(zip(runs, prepared, masks, run_workdirs)):
+        template = ready.algo.build(ready.config, ready.observation_spec, ready.action_spec,
+                                    mask=_present(mask)).init(jax.random.PRNGKey(0))
+        state = _in_layout(jax.tree.map(lambda leaf, index=index: leaf[index], states), template)
+        logger = MetricsLogger(workdir)
+        try:
+            for row in results[index]["evaluations"]:
+                values = {"eval_return": row["mean"], "eval_return_std": row["std"]}
+                if row["normalized_score"] is not None:
+                    values["normalized_score"] = row["normalized_score"]["mean"]
+                logger.write(row["steps"], values)
+        finally:
+            logger.close()
+        checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"))
+        try:
+            checkpointer.save(run.steps, state, extra={"steps": run.steps, "agent": ready.algo.NAME,
+                                                       "env_id": ready.env_id, "config": ready.config.to_dict()})
+        finally:
+            checkpointer.close()
+        finished.append(_finish_cell(run, ready, mask, state, results[index], run_configs[index], workdir, printer))
+    return finished
 
 
 @dataclasses.dataclass(frozen=True)

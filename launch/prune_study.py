@@ -9,7 +9,9 @@ Each cell is one `launch.prune_runs.run_prune_offline` run, in this process, int
 Minari directory's last two parts). Sparsity 0 is the dense run, pruner "none", once per task ×
 algo × seed (also run when --pruners lists none); the other pruners run at every nonzero sparsity.
 A cell whose results.json exists is skipped and an unfinished one starts again, so rerunning the
-command resumes. Bad input in a cell stops the study with its one line; any other failure is
+command resumes. `--configs_per_program=N` trains up to N pending cells of one task and algorithm
+together as one vmapped program (`launch.prune_runs.run_prune_offline_many`, `qrl.offline_many`);
+each cell still gets its own directory and files. Bad input in a cell stops the study with its one line; any other failure is
 recorded (traceback in `<cell>.error.txt`) and the study goes on, exiting 1 at the end. Then
 report.md, summary.json and plots/ go into the workdir (`pruning.study_report`).
 """
@@ -58,6 +60,9 @@ def define_flags() -> None:
     flags.DEFINE_enum("vae", None, ["separate", "joint", "dense"],
                       "How BCQ's VAE is pruned (default: encoder and decoder each with its own threshold).")
     flags.DEFINE_multi_string("set", [], "Algorithm config override algo.key=value (repeatable), e.g. bc.hidden_sizes=64-64.")
+    flags.DEFINE_integer("configs_per_program", 1,
+                         "Train up to N cells of one task and algorithm as one vmapped program (qrl.offline_many); "
+                         "1: cell by cell.")
     flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
 
 
@@ -83,6 +88,7 @@ class StudyOptions:
     reinit: bool = False
     iterations: int = 1
     vae: Optional[str] = None
+    configs_per_program: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +135,7 @@ def make_options(
     steps: int = 100_000, eval_every: int = 5_000, eval_episodes: int = 10, prune_batches: int = 1,
     prune_batch_size: int = 256, scope: str = "network", sets: Sequence[str] = (), separate: Sequence[str] = (),
     temperature: float = 1.0, reinit: bool = False, iterations: int = 1, vae: Optional[str] = None,
+    configs_per_program: int = 1,
 ) -> StudyOptions:
     """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError."""
     from agents import OFFLINE_AGENT_NAMES, get_offline_agent
@@ -158,7 +165,7 @@ def make_options(
         ("--steps", steps, common.AT_LEAST_1), ("--eval_every", eval_every, common.AT_LEAST_0),
         ("--eval_episodes", eval_episodes, common.AT_LEAST_1), ("--prune_batches", prune_batches, common.AT_LEAST_1),
         ("--prune_batch_size", prune_batch_size, common.AT_LEAST_1), ("--temperature", temperature, common.POSITIVE),
-        ("--iterations", iterations, common.AT_LEAST_1),
+        ("--iterations", iterations, common.AT_LEAST_1), ("--configs_per_program", configs_per_program, common.AT_LEAST_1),
     ])
     if (temperature != 1.0 or reinit) and "grasp" not in pruner_list:
         raise QrlInputError("--temperature and --reinit are grasp options; --pruners has no grasp")
@@ -174,7 +181,8 @@ def make_options(
         get_offline_agent(algo).config_for(dict(overrides[algo]))
     return StudyOptions(workdir, tuple(dataset_list), tuple(algo_list), tuple(pruner_list), tuple(sparsity_list),
                         tuple(seed_list), steps, eval_every, eval_episodes, prune_batches, prune_batch_size, scope,
-                        overrides, tuple(separate), float(temperature), bool(reinit), int(iterations), vae)
+                        overrides, tuple(separate), float(temperature), bool(reinit), int(iterations), vae,
+                        int(configs_per_program))
 
 
 def _has_vae(algo: str) -> bool:
@@ -268,6 +276,46 @@ def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_prune_offli
     return "ran"
 
 
+def run_programs(cells: Sequence[Cell], options: StudyOptions, many_runner: Optional[Callable[..., list]] = None,
+                 progress: bool = True, log: Callable[[str], None] = print) -> list[str]:
+    """Runs the cells not done yet in programs of up to `configs_per_program` cells of one task and
+    algorithm (`launch.prune_runs.run_prune_offline_many`); returns the failed cells' labels. A
+    program that fails leaves its traceback beside each of its cells and the study goes on."""
+    from launch.prune_runs import run_prune_offline_many
+
+    many_runner = many_runner or run_prune_offline_many
+    pending: dict[tuple[str, str], list[Cell]] = {}
+    for cell in cells:
+        if not os.path.exists(os.path.join(options.workdir, cell.relative_dir, RESULTS_FILE)):
+            pending.setdefault((cell.dataset, cell.algo), []).append(cell)
+    failed, done = [], len(cells) - sum(len(group) for group in pending.values())
+    for group in pending.values():
+        for first in range(0, len(group), options.configs_per_program):
+            program = group[first:first + options.configs_per_program]
+            start = time.perf_counter()
+            cell_dirs = [os.path.join(options.workdir, cell.relative_dir) for cell in program]
+            for cell_dir in cell_dirs:
+                workdirs.remove_outputs(cell_dir)  # unfinished cells start again.
+            try:
+                many_runner([cell_run(cell, options) for cell in program], cell_dirs, overwrite=False,
+                            progress=progress, printer=log)
+            except QrlInputError as error:
+                raise QrlInputError(f"{program[0].label}: {error}") from None
+            except Exception as error:
+                reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
+                for cell, cell_dir in zip(program, cell_dirs):
+                    io.atomic_write_text(cell_dir + ".error.txt", traceback.format_exc())
+                    failed.append(f"{cell.label} ({reason}; traceback in {cell_dir}.error.txt)")
+            else:
+                for cell_dir in cell_dirs:
+                    if os.path.exists(cell_dir + ".error.txt"):
+                        os.remove(cell_dir + ".error.txt")
+            done += len(program)
+            log(f"[{done}/{len(cells)}] {len(program)} cells of {program[0].task} {program[0].algo} as one program "
+                f"({time.perf_counter() - start:.0f} s)")
+    return failed
+
+
 def study_cells(options: StudyOptions, cells: Sequence[Cell]) -> list[dict]:
     """The finished cells as `pruning.study_report` records, each with its results and stored masks."""
     records = []
@@ -283,7 +331,7 @@ def study_cells(options: StudyOptions, cells: Sequence[Cell]) -> list[dict]:
 
 
 def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progress: bool = True,
-              log: Callable[[str], None] = print) -> dict:
+              log: Callable[[str], None] = print, many_runner: Optional[Callable[..., list]] = None) -> dict:
     """Runs the cells not done yet, then writes the report over every finished cell.
 
     Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels]}.
@@ -294,7 +342,9 @@ def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progres
     io.atomic_write_json(os.path.join(options.workdir, "study.json"),
                          {**dataclasses.asdict(options), "cells": [dataclasses.asdict(cell) for cell in cells]})
     failed = []
-    for index, cell in enumerate(cells, start=1):
+    if options.configs_per_program > 1:
+        failed = run_programs(cells, options, many_runner, progress=progress, log=log)
+    for index, cell in enumerate(cells if options.configs_per_program == 1 else (), start=1):
         start = time.perf_counter()
         try:
             what = run_cell(cell, options, runner, progress, log)
@@ -316,7 +366,7 @@ def run() -> None:
     options = make_options(
         FLAGS.workdir, FLAGS.datasets, FLAGS.algos, FLAGS.pruners, FLAGS.sparsities, FLAGS.seeds, FLAGS.steps,
         FLAGS.eval_every, FLAGS.eval_episodes, FLAGS.prune_batches, FLAGS.prune_batch_size, FLAGS.scope, FLAGS.set,
-        FLAGS.separate, FLAGS.temperature, FLAGS.reinit, FLAGS.iterations, FLAGS.vae,
+        FLAGS.separate, FLAGS.temperature, FLAGS.reinit, FLAGS.iterations, FLAGS.vae, FLAGS.configs_per_program,
     )
     studies.report_outcome(run_study(options, progress=FLAGS.progress), "pruning study")
 

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -211,3 +212,46 @@ def test_mask_overlap_table_identical_disjoint_and_partial():
     assert table[("snip", "random", "actor")] == (pytest.approx((1.0 / 3.0 + 1.0) / 2.0), 2)
     assert table[("grasp", "random", "actor")] == (pytest.approx(1.0 / 3.0), 1)
     assert len(table) == 4
+
+
+def test_cells_trained_as_one_program_match_cell_by_cell_and_resume(dataset_file, tmp_path):
+    from launch.prune_runs import read_masks, restore_offline_run, run_prune_offline_many
+
+    plan = dict(TINY, seeds="0,1")
+    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), dataset_file, **plan)
+    assert prune_study.run_study(sequential, progress=False, log=lambda line: None)["failed"] == []
+    batched = prune_study.make_options(str(tmp_path / "programs"), dataset_file, **plan, configs_per_program=4)
+    programs, lines = [], []
+
+    def counting(runs, dirs, **options):
+        programs.append(list(dirs))
+        return run_prune_offline_many(runs, dirs, **options)
+
+    assert prune_study.run_study(batched, progress=False, log=lines.append, many_runner=counting)["failed"] == []
+    assert [len(dirs) for dirs in programs] == [4, 2]  # 6 cells of one task and algorithm, 4 per program
+    for cell in prune_study.plan_cells(batched):
+        mine, theirs = tmp_path / "programs" / cell.relative_dir, tmp_path / "one_by_one" / cell.relative_dir
+        mine_results = json.loads((mine / "results.json").read_text())
+        their_results = json.loads((theirs / "results.json").read_text())
+        np.testing.assert_allclose(mine_results["final_eval"]["returns"], their_results["final_eval"]["returns"],
+                                   rtol=1e-3)
+        assert mine_results["masks"] == their_results["masks"] and mine_results["updates"] == 30
+        if cell.pruner != "none":
+            for a, b in zip(jax.tree.leaves(read_masks(str(mine))), jax.tree.leaves(read_masks(str(theirs)))):
+                np.testing.assert_array_equal(a, b)
+        assert restore_offline_run(str(mine)).step == 30
+    assert (tmp_path / "programs" / "report.md").is_file()
+
+    cells = tmp_path / "programs" / "cells" / "pendulum-swingup" / "bc"
+    os.remove(cells / "grasp/s0.9/seed1/results.json")
+    programs.clear()
+    prune_study.run_study(batched, progress=False, log=lines.append, many_runner=counting)
+    assert programs == [[str(cells / "grasp/s0.9/seed1")]]
+
+    def broken(runs, dirs, **options):
+        raise RuntimeError("program broke")
+
+    os.remove(cells / "snip/s0.9/seed0/results.json")
+    outcome = prune_study.run_study(batched, progress=False, log=lines.append, many_runner=broken)
+    assert len(outcome["failed"]) == 1 and "RuntimeError: program broke" in outcome["failed"][0]
+    assert "program broke" in (cells / "snip/s0.9/seed0.error.txt").read_text()
