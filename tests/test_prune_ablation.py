@@ -9,7 +9,9 @@ import pytest
 from launch import prune_ablation
 from pruning import ablation_report
 from qrl.errors import QrlInputError
-from tests.test_prune_study import dataset_file  # noqa: F401  (the module-scoped Pendulum dataset)
+from tests import test_prune_study
+
+dataset_file = test_prune_study.dataset_file  # the module-scoped Pendulum dataset fixture
 
 
 def test_plan_arms_puts_the_baseline_first_and_adds_rounds_on_its_data():
@@ -45,7 +47,7 @@ def test_ablation_rows_pair_seeds_with_the_baseline_by_hand():
     assert "| t | bc | snip | base | 2 | 15.0 ± 5.0 | — | — | baseline |" in table
 
 
-def test_tiny_ablation_runs_every_arm_and_reports(dataset_file, tmp_path):  # noqa: F811
+def test_tiny_ablation_runs_every_arm_and_reports(dataset_file, tmp_path):
     arms = prune_ablation.plan_arms("16x1,64x1,16x4", "3", "16x1")
     options = prune_ablation.make_arm_options(
         str(tmp_path / "ablation"), dataset_file, "bc", "snip,grasp", 0.9, "0,1", 20, 0, 1, arms,
