@@ -255,12 +255,79 @@ def _slug(*parts: str) -> str:
     return "_".join(parts).replace(":", "_").replace("/", "_")
 
 
+def dense_verdicts(rows: Sequence[Mapping]) -> list[dict]:
+    """The claim "pruned ≈ dense" per pruned row: its score mean against its task and algorithm's
+    dense row, "≈ dense" when within one dense std below the dense mean (or above it), else
+    "below dense"; `relative` is score mean / dense mean where the dense mean is positive."""
+    dense = {(row["task"], row["algo"]): row for row in rows if row["pruner"] == DENSE}
+    verdicts = []
+    for row in rows:
+        reference = dense.get((row["task"], row["algo"]))
+        if row["pruner"] == DENSE or reference is None:
+            continue
+        within = row["score_mean"] >= reference["score_mean"] - reference["score_std"]
+        verdicts.append({
+            "task": row["task"], "algo": row["algo"], "pruner": row["pruner"], "sparsity": row["sparsity"],
+            "score_mean": row["score_mean"], "dense_mean": reference["score_mean"], "dense_std": reference["score_std"],
+            "relative": row["score_mean"] / reference["score_mean"] if reference["score_mean"] > 0 else None,
+            "verdict": "≈ dense" if within else "below dense",
+        })
+    return verdicts
+
+
+def is_output_layer(path: str) -> bool:
+    """Whether a kept-fraction path names an output layer: qrl's networks put their hidden layers
+    under `torso` and their outputs elsewhere (`head`, an encoder's `mean` / `log_std`)."""
+    return "torso" not in path.split("/")
+
+
+def final_layer_rows(rows: Sequence[Mapping], sparsity: float = LAYER_PLOT_SPARSITY) -> list[dict]:
+    """Per (task, algo, network, pruner) at `sparsity`: the output layers' kept fraction (kept /
+    size summed over them is not stored, so their mean fraction), the hidden layers' mean
+    fraction and the network's overall kept fraction — what "GraSP keeps more weights in the
+    final layer" can be read against, across layers and across pruners."""
+    found = []
+    for row in rows:
+        if row["pruner"] == DENSE or abs(row["sparsity"] - sparsity) > 1e-9:
+            continue
+        for network, layers in row["layers"].items():
+            outputs = [value for path, value in layers.items() if is_output_layer(path)]
+            hidden = [value for path, value in layers.items() if not is_output_layer(path)]
+            if outputs:
+                found.append({"task": row["task"], "algo": row["algo"], "network": network, "pruner": row["pruner"],
+                              "sparsity": row["sparsity"], "output_kept": float(np.mean(outputs)),
+                              "hidden_kept": float(np.mean(hidden)) if hidden else None,
+                              "network_kept": float(row["kept_fraction"].get(network, float("nan")))})
+    return found
+
+
+def final_layer_verdicts(layer_rows: Sequence[Mapping]) -> list[str]:
+    """One line per (task, algo, network) with both SNIP and GraSP: does GraSP keep a larger share
+    of the output layer than SNIP, and than of its own hidden layers?"""
+    by_key: dict[tuple, dict[str, Mapping]] = {}
+    for row in layer_rows:
+        by_key.setdefault((row["task"], row["algo"], row["network"]), {})[row["pruner"]] = row
+    lines = []
+    for (task, algo, network), pruners in by_key.items():
+        if "grasp" not in pruners or "snip" not in pruners:
+            continue
+        grasp, snip = pruners["grasp"], pruners["snip"]
+        across = "more" if grasp["output_kept"] > snip["output_kept"] else "not more"
+        within = ("more" if grasp["hidden_kept"] is not None and grasp["output_kept"] > grasp["hidden_kept"]
+                  else "not more")
+        lines.append(f"{task} {algo} {network}: GraSP keeps {grasp['output_kept']:.3f} of the output layer, "
+                     f"{across} than SNIP ({snip['output_kept']:.3f}); {within} than of its hidden layers "
+                     f"({grasp['hidden_kept'] if grasp['hidden_kept'] is not None else float('nan'):.3f})")
+    return lines
+
+
 def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Mapping],
                  failed: Sequence[str] = ()) -> dict:
     """Writes `report.md`, `summary.json` and `plots/*.png` into `study_dir`; returns their paths.
     `overlaps`: `mask_overlap_table`'s rows; `failed`: cells without results, named in the report."""
     rows = gather(cells)
     memory = memory_table(rows)
+    verdicts, layer_rows = dense_verdicts(rows), final_layer_rows(rows)
     paths = {"report.md": os.path.join(study_dir, "report.md"), "summary.json": os.path.join(study_dir, "summary.json")}
     sections = []
     for task, algo in dict.fromkeys((row["task"], row["algo"]) for row in rows):
@@ -281,6 +348,20 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
         f"interval ({BOOTSTRAP_REPS} resamples of the seeds); * marks rows with fewer than {IQM_MIN_VALUES} seeds, "
         "where the IQM is the mean. Dense: pruner none at sparsity 0, every pruner's sparsity-0 point.", "",
         "## Scores", "", score_markdown(rows), "",
+        "## Verdicts", "",
+        "Pruned ≈ dense: the pruned score mean is at most one dense std below the dense mean (per task and "
+        "algorithm).", "",
+        _markdown(["task", "algo", "pruner", "sparsity", "score / dense", "verdict"], [[
+            verdict["task"], verdict["algo"], verdict["pruner"], f"{verdict['sparsity']:g}",
+            "—" if verdict["relative"] is None else f"{verdict['relative']:.2f}", verdict["verdict"]]
+            for verdict in verdicts]) if verdicts else "No pruned row with a dense row to compare.", "",
+        f"Output layers at sparsity {LAYER_PLOT_SPARSITY:g} (mean kept fraction of the output layers, of the hidden "
+        "layers, and of the whole network):", "",
+        _markdown(["task", "algo", "network", "pruner", "output", "hidden", "network"], [[
+            row["task"], row["algo"], row["network"], row["pruner"], f"{row['output_kept']:.3f}",
+            "—" if row["hidden_kept"] is None else f"{row['hidden_kept']:.3f}", f"{row['network_kept']:.3f}"]
+            for row in layer_rows]) if layer_rows else f"No pruned row at sparsity {LAYER_PLOT_SPARSITY:g}.", "",
+        *[f"- {line}" for line in final_layer_verdicts(layer_rows)], "",
         "## Policy memory (bytes, × dense fp32)", "", memory_markdown(memory) if memory else "No memory accounting.", "",
         "## Mask overlap between pruners (Jaccard of kept weights, mean over seeds)", "",
         overlap_markdown(overlaps) if overlaps else "No two pruners with masks at the same task, algo, sparsity and seed.",
@@ -289,6 +370,7 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
     if failed:
         report += ["## Cells without results", "", *[f"- {cell}" for cell in failed], ""]
     io.atomic_write_json(paths["summary.json"], {"rows": rows, "memory": memory, "overlaps": list(overlaps),
+                                                 "verdicts": verdicts, "output_layers": layer_rows,
                                                  "failed": list(failed)})
     io.atomic_write_text(paths["report.md"], "\n".join(report))
     return paths

@@ -255,3 +255,26 @@ def test_cells_trained_as_one_program_match_cell_by_cell_and_resume(dataset_file
     outcome = prune_study.run_study(batched, progress=False, log=lines.append, many_runner=broken)
     assert len(outcome["failed"]) == 1 and "RuntimeError: program broke" in outcome["failed"][0]
     assert "program broke" in (cells / "snip/s0.9/seed0.error.txt").read_text()
+
+
+def test_verdicts_dense_and_output_layers_by_hand():
+    """Dense 50 / 60 / 70 (mean 60, std 8.16): a pruned mean of 52 is within one std, 40 below.
+    SNIP keeps 0.30 of the head and 0.05 of the torso, GraSP 0.50 and 0.04: GraSP keeps more of
+    the output layer than SNIP and than of its own hidden layers."""
+    cells = [_cell("none", 0.0, seed, _results(score)) for seed, score in enumerate([50.0, 60.0, 70.0])]
+    layers = {"snip": {"head/kernel": 0.30, "torso/dense_0/kernel": 0.06, "torso/dense_1/kernel": 0.04},
+              "grasp": {"head/kernel": 0.50, "torso/dense_0/kernel": 0.05, "torso/dense_1/kernel": 0.03}}
+    for pruner, scores in (("snip", [52.0, 52.0]), ("grasp", [40.0, 40.0])):
+        cells += [_cell(pruner, 0.95, seed, _results(score, 0.05, layers[pruner])) for seed, score in enumerate(scores)]
+    rows = study_report.gather(cells)
+    verdicts = {row["pruner"]: row for row in study_report.dense_verdicts(rows)}
+    assert verdicts["snip"]["verdict"] == "≈ dense" and verdicts["snip"]["relative"] == pytest.approx(52 / 60)
+    assert verdicts["grasp"]["verdict"] == "below dense"
+    layer_rows = {row["pruner"]: row for row in study_report.final_layer_rows(rows)}
+    assert layer_rows["grasp"]["output_kept"] == pytest.approx(0.5)
+    assert layer_rows["grasp"]["hidden_kept"] == pytest.approx(0.04)
+    assert layer_rows["snip"]["network_kept"] == pytest.approx(0.05)
+    (line,) = study_report.final_layer_verdicts(list(layer_rows.values()))
+    assert "GraSP keeps 0.500 of the output layer, more than SNIP (0.300); more than of its hidden layers (0.040)" in line
+    assert study_report.is_output_layer("vae/encoder/mean/kernel") and not study_report.is_output_layer(
+        "vae/decoder/torso/dense_0/kernel")
