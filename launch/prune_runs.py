@@ -167,36 +167,43 @@ def vae_settings(run: PruneRun, networks: Mapping[str, Any]) -> tuple[PruneSetti
     return settings, mode
 
 
-def prepare_run(run: PruneRun) -> PreparedRun:
+def prepare_run(run: PruneRun, shared: Optional[PreparedRun] = None) -> PreparedRun:
     """Reads and checks everything `run` needs (settings, algorithm, config overrides, budget,
-    dataset against its environment, separate sub-network paths) without writing anything."""
+    dataset against its environment, separate sub-network paths) without writing anything.
+    `shared`: an earlier run's preparation on the same dataset, algorithm, overrides and budget,
+    whose dataset, config and specs this run reuses instead of reading them again."""
     from agents import OFFLINE_AGENT_NAMES, get_offline_agent
 
     run.settings.check(run.pruner)
-    if run.algo not in OFFLINE_AGENT_NAMES:
-        raise QrlInputError(f"unknown offline algorithm {run.algo!r}; known: {', '.join(OFFLINE_AGENT_NAMES)}")
-    offline.check_count("steps", run.steps)
-    offline.check_count("eval_every", run.eval_every, minimum=0)
-    offline.check_count("eval_episodes", run.eval_episodes)
-    algo = get_offline_agent(run.algo)
-    config = algo.config_for(dict(run.overrides))
-    arrays = files.read_steps(run.dataset)
-    metadata = arrays.get("metadata", {})
-    env_id = run.env or files.env_id(metadata)
-    if not env_id:
-        raise QrlInputError(f"{run.dataset} names no environment: pass an env")
-    reference, reference_source = files.reference_returns(run.dataset, metadata)
-    if reference is not None and not reference[1] > reference[0]:
-        reference, reference_source = None, None
-    runtime.configure_jax(1)
-    dataset = from_qlearning(d4rl.qlearning_arrays(arrays))
-    observation_spec, action_spec = offline.env_specs(env_id)
-    offline.check_dataset_matches_env(dataset, observation_spec, action_spec, env_id)
+    if shared is None:
+        if run.algo not in OFFLINE_AGENT_NAMES:
+            raise QrlInputError(f"unknown offline algorithm {run.algo!r}; known: {', '.join(OFFLINE_AGENT_NAMES)}")
+        offline.check_count("steps", run.steps)
+        offline.check_count("eval_every", run.eval_every, minimum=0)
+        offline.check_count("eval_episodes", run.eval_episodes)
+        algo = get_offline_agent(run.algo)
+        config = algo.config_for(dict(run.overrides))
+        arrays = files.read_steps(run.dataset)
+        metadata = arrays.get("metadata", {})
+        env_id = run.env or files.env_id(metadata)
+        if not env_id:
+            raise QrlInputError(f"{run.dataset} names no environment: pass an env")
+        reference, reference_source = files.reference_returns(run.dataset, metadata)
+        if reference is not None and not reference[1] > reference[0]:
+            reference, reference_source = None, None
+        runtime.configure_jax(1)
+        dataset = from_qlearning(d4rl.qlearning_arrays(arrays))
+        observation_spec, action_spec = offline.env_specs(env_id)
+        offline.check_dataset_matches_env(dataset, observation_spec, action_spec, env_id)
+        if hasattr(algo, "config_for_run"):  # what the dataset and budget fill in (IQL's reward scale, schedule)
+            config = algo.config_for_run(config, dataset, run.steps)
+    else:
+        algo, config, dataset, env_id = shared.algo, shared.config, shared.dataset, shared.env_id
+        observation_spec, action_spec = shared.observation_spec, shared.action_spec
+        reference, reference_source = shared.reference, shared.reference_source
     if run.prune_batch_size > dataset.size:
         raise QrlInputError(f"prune_batch_size={run.prune_batch_size} is larger than the dataset "
                             f"({dataset.size} transitions)")
-    if hasattr(algo, "config_for_run"):  # what the dataset and budget fill in (IQL's reward scale, schedule)
-        config = algo.config_for_run(config, dataset, run.steps)
     dense = algo.build(config, observation_spec, action_spec)
     scored_state = dense.init(jax.random.PRNGKey(run.seed + (1 if run.score_separate_init else 0)))
     networks = algo.learning.networks_at_init(scored_state)
@@ -316,9 +323,9 @@ def run_prune_offline_many(runs: Sequence[PruneRun], run_workdirs: Sequence[str]
         differing = [field for field in SHARED_FIELDS if getattr(run, field) != getattr(runs[0], field)]
         if differing:
             raise QrlInputError(f"runs trained as one program must share {', '.join(differing)}")
-    prepared = [prepare_run(run) for run in runs]
+    first = prepare_run(runs[0])
+    prepared = [first] + [prepare_run(run, shared=first) for run in runs[1:]]  # one dataset on device for all
     masks = [run_masks(run, ready) for run, ready in zip(runs, prepared)]
-    first = prepared[0]
     run_configs = [_start_cell(run, ready, mask, workdir, overwrite)
                    for run, ready, mask, workdir in zip(runs, prepared, masks, run_workdirs)]
     states, results = train_many(
