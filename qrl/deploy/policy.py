@@ -62,9 +62,22 @@ def _read_sidecar(model_path: str) -> dict:
     return sidecar
 
 
-def session_from_bytes(data: bytes, threads: int = 1, providers: Optional[list] = None):
-    """An ONNX Runtime session of a serialized model (`threads` intra-op threads)."""
+def session_from_bytes(data: bytes, threads: int = 1, providers: Optional[list] = None,
+                       unsigned_kernels: Optional[bool] = None):
+    """An ONNX Runtime session of a serialized model (`threads` intra-op threads). Where ONNX
+    Runtime's u8·s8 integer product saturates (x86 without VNNI / AMX; `unsigned_kernels=None`
+    asks the CPU), the model's int8 kernels run as the exact u8·u8 product instead
+    (`qrl.deploy.integer_kernels`); the file itself is not changed."""
     import onnxruntime
+
+    from qrl.deploy import integer_kernels
+
+    if unsigned_kernels is None:
+        unsigned_kernels = integer_kernels.u8s8_saturates()
+    if unsigned_kernels and any(op.encode() in data for op in integer_kernels.INTEGER_PRODUCTS):
+        import onnx
+
+        data = integer_kernels.unsigned_kernels(onnx.load_from_string(data)).SerializeToString()
 
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
