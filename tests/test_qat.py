@@ -265,27 +265,34 @@ def test_train_cli_rejects_bad_qat_and_pairs_before_writing(tmp_path, args, frag
     assert not workdir.exists()
 
 
-def _dqn_cartpole_qat_evaluations(backend: str) -> dict:
-    """rl-baselines3-zoo's CartPole DQN, 50k steps, seed 0, QAT8 after half the updates; the
-    int8 export's greedy return every 2500 steps, `{env_steps: mean}`."""
+def _dqn_cartpole_qat_evaluations(backend: str, seed: int) -> dict:
+    """rl-baselines3-zoo's CartPole DQN, 50k steps, QAT8 after half the updates; the int8
+    export's greedy return every 2500 steps, `{env_steps: mean}`."""
     from agents.dqn import learning
 
     config = dqn.config_for("gym:CartPole-v1", {"qat_bits": 8, "qat_backend": backend})
     config = config.override({"quant_delay": learning.total_updates(config, 50_000) // 2})
-    _, results = dqn.train("gym:CartPole-v1", config, steps=50_000, seed=0, eval_episodes=10, eval_every=2500,
+    _, results = dqn.train("gym:CartPole-v1", config, steps=50_000, seed=seed, eval_episodes=10, eval_every=2500,
                            progress=False)
     return {record["env_steps"]: record["mean"] for record in results["evaluations"]}
 
 
+QAT_DQN_SEEDS = (0, 1, 2)
+
+
 @pytest.mark.parametrize("backend", ["qrl", "aqt"])
 def test_dqn_reaches_cartpole_threshold_with_qat8(backend):
-    """DQN at this budget oscillates on both backends (measured on seed 0, AMD EPYC: the int8
-    export scores 500 at some evaluations after the delay and 20–115 at others; the final one
-    was 500 on `qrl` and 115 on `aqt`; seed 1 reached 306 at best on either backend), so the
-    threshold is that of the fp32 test, reached by the int8 export at an evaluation during
-    quantization-aware training (fake quantization starts near step 25.6k; evaluations from 30k on)."""
-    evaluations = _dqn_cartpole_qat_evaluations(backend)
-    assert max(mean for steps, mean in evaluations.items() if steps > 27_500) >= 475.0, evaluations
+    """DQN at this budget oscillates, with QAT as in fp32, and which seed reaches the threshold
+    depends on the CPU's float rounding: measured on an AMD EPYC with AVX-512, seed 0's int8
+    export scored 500 at some evaluations after the delay and seed 1 reached 306 at best; on an
+    AMD EPYC with AVX2 only, seed 0 reached 216 (`qrl`) / 235 (`aqt`) at best while seeds 1
+    and 2 scored 500 (the fp32 run of seed 0 reached 500 there). One seed is a coin flip, so
+    the claim is made over three: at least two seeds' int8 exports reach the fp32 test's
+    threshold at an evaluation during quantization-aware training (fake quantization starts
+    near step 25.6k; evaluations from 30k on)."""
+    best = {seed: max(mean for steps, mean in _dqn_cartpole_qat_evaluations(backend, seed).items() if steps > 27_500)
+            for seed in QAT_DQN_SEEDS}
+    assert sum(value >= 475.0 for value in best.values()) >= 2, best
 
 
 @pytest.mark.slow  # 10k SAC updates at 256-256, as tests/test_sac.py's Pendulum learning test.
