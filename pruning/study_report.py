@@ -175,6 +175,86 @@ def layer_kept_plot(rows: Sequence[Mapping], task: str, algo: str, path: Optiona
     return io.finish_plot(figure, axis, path)
 
 
+def _evaluation_score(evaluation: Mapping, kind: str) -> float:
+    if kind == "normalized":
+        return float(_field(evaluation, "normalized_score", "mean"))
+    return float(_field(evaluation, "mean"))
+
+
+def learning_curves(cells: Sequence[Mapping]) -> list[dict]:
+    """One curve per (task, algo, pruner, sparsity): the score (normalized, or the return as in
+    `gather`) at each gradient step every seed was evaluated at, mean and population std over
+    seeds, and `per_seed [S, T]`. Rows whose cells hold one evaluation or none are left out."""
+    groups: dict[tuple, list[Mapping]] = {}
+    for cell in cells:
+        groups.setdefault(_row_key(cell), []).append(cell)
+    curves = []
+    for key, group in groups.items():
+        group = sorted(group, key=lambda cell: int(_field(cell, "seed")))
+        results = [_field(cell, "results") for cell in group]
+        kind, _ = _scores(results)
+        evaluations = [{int(_field(entry, "steps")): entry for entry in result.get("evaluations") or []}
+                       for result in results]
+        steps = sorted(set.intersection(*(set(by_step) for by_step in evaluations)))
+        if len(steps) < 2:
+            continue
+        per_seed = np.asarray([[_evaluation_score(by_step[step], kind) for step in steps] for by_step in evaluations])
+        curves.append({"task": key[0], "algo": key[1], "pruner": key[2], "sparsity": key[3],
+                       "seeds": [int(cell["seed"]) for cell in group], "score_kind": kind, "steps": steps,
+                       "mean": per_seed.mean(axis=0).tolist(), "std": per_seed.std(axis=0).tolist(),
+                       "per_seed": per_seed.tolist()})
+    return curves
+
+
+def budget_verdicts(curves: Sequence[Mapping]) -> list[dict]:
+    """Whether each dense curve has flattened by the end of its budget: `gain` is the mean over
+    seeds of (final score − score at the evaluation nearest half the budget), `final_std` the
+    seeds' std at the end. "flattened" when the gain is below the final std (the second half's
+    progress is not resolved above the spread between seeds), else "still rising" (the budget is
+    short: pruned-vs-dense verdicts then compare unconverged runs) — or "falling" when the
+    score dropped by more than the final std."""
+    verdicts = []
+    for curve in curves:
+        if curve["pruner"] != DENSE:
+            continue
+        steps = np.asarray(curve["steps"])
+        half = int(np.argmin(np.abs(steps - steps[-1] / 2)))
+        if half == len(steps) - 1:
+            continue
+        per_seed = np.asarray(curve["per_seed"])
+        gain, final_std = float(np.mean(per_seed[:, -1] - per_seed[:, half])), float(per_seed[:, -1].std())
+        verdict = "flattened" if abs(gain) <= final_std else "still rising" if gain > 0 else "falling"
+        verdicts.append({"task": curve["task"], "algo": curve["algo"], "budget": int(steps[-1]),
+                         "half_step": int(steps[half]), "final_mean": float(per_seed[:, -1].mean()),
+                         "gain": gain, "final_std": final_std, "seeds": len(per_seed), "verdict": verdict})
+    return verdicts
+
+
+def learning_curve_plot(curves: Sequence[Mapping], task: str, algo: str, sparsity: Optional[float] = None,
+                        path: Optional[str] = None) -> Figure:
+    """Score mean ± std over seeds vs gradient steps: the dense curve and each pruner's at
+    `sparsity` (default: 0.95 where pruned there, else the highest pruned sparsity)."""
+    pair = [curve for curve in curves if (curve["task"], curve["algo"]) == (task, algo)]
+    if not pair:
+        raise QrlInputError(f"no learning curves for {algo} on {task}")
+    pruned = sorted({curve["sparsity"] for curve in pair if curve["pruner"] != DENSE})
+    if sparsity is None and pruned:
+        sparsity = LAYER_PLOT_SPARSITY if LAYER_PLOT_SPARSITY in pruned else pruned[-1]
+    chosen = [curve for curve in pair if curve["pruner"] == DENSE or curve["sparsity"] == sparsity]
+    figure = Figure(figsize=(6.0, 4.0))
+    axis = figure.add_subplot()
+    for index, curve in enumerate(chosen):
+        steps, mean, std = (np.asarray(curve[key]) for key in ("steps", "mean", "std"))
+        color = "0.3" if curve["pruner"] == DENSE else f"C{index}"
+        label = "dense" if curve["pruner"] == DENSE else f"{curve['pruner']} {sparsity_label(curve['sparsity'])}"
+        axis.plot(steps, mean, marker=".", color=color, label=label)
+        axis.fill_between(steps, mean - std, mean + std, color=color, alpha=0.15)
+    axis.set_xlabel("gradient steps")
+    axis.set_ylabel("normalized score" if pair[0]["score_kind"] == "normalized" else "return")
+    axis.set_title(f"learning curves: {algo} on {task} (mean ± std over seeds)", fontsize=10)
+    return io.finish_plot(figure, axis, path)
+
+
 def _network_overlaps(masks_a: Mapping, masks_b: Mapping) -> dict[str, float]:
     return {network: mask_overlap(masks_a[network], masks_b[network])
             for network in masks_a if network in masks_b}
@@ -325,9 +405,9 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
                  failed: Sequence[str] = ()) -> dict:
     """Writes `report.md`, `summary.json` and `plots/*.png` into `study_dir`; returns their paths.
     `overlaps`: `mask_overlap_table`'s rows; `failed`: cells without results, named in the report."""
-    rows = gather(cells)
+    rows, curves = gather(cells), learning_curves(cells)
     memory = memory_table(rows)
-    verdicts, layer_rows = dense_verdicts(rows), final_layer_rows(rows)
+    verdicts, layer_rows, budgets = dense_verdicts(rows), final_layer_rows(rows), budget_verdicts(curves)
     paths = {"report.md": os.path.join(study_dir, "report.md"), "summary.json": os.path.join(study_dir, "summary.json")}
     sections = []
     for task, algo in dict.fromkeys((row["task"], row["algo"]) for row in rows):
@@ -341,6 +421,11 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
             paths[name] = os.path.join(study_dir, "plots", f"{name}.png")
             layer_kept_plot(rows, task, algo, paths[name], sparsity)
             sections += [f"Layerwise kept fraction at sparsity {sparsity:g}:", "", f"![{name}](plots/{name}.png)", ""]
+        if any((curve["task"], curve["algo"]) == (task, algo) for curve in curves):
+            name = f"learning_curves_{_slug(task, algo)}"
+            paths[name] = os.path.join(study_dir, "plots", f"{name}.png")
+            learning_curve_plot(curves, task, algo, path=paths[name])
+            sections += ["Learning curves:", "", f"![{name}](plots/{name}.png)", ""]
     report = [
         "# Pruning study", "",
         "Score: the final evaluation's normalized score (raw return where the dataset has no reference returns), "
@@ -348,6 +433,15 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
         f"interval ({BOOTSTRAP_REPS} resamples of the seeds); * marks rows with fewer than {IQM_MIN_VALUES} seeds, "
         "where the IQM is the mean. Dense: pruner none at sparsity 0, every pruner's sparsity-0 point.", "",
         "## Scores", "", score_markdown(rows), "",
+        "## Budget", "",
+        "Has the dense learning curve flattened? Gain: the mean over seeds of (final score − score at the "
+        "evaluation nearest half the budget); flattened when it is within the seeds' final std.", "",
+        _markdown(["task", "algo", "budget (steps)", "final", "gain over the second half", "final std", "seeds",
+                   "verdict"], [[
+            budget["task"], budget["algo"], f"{budget['budget']:,}", f"{budget['final_mean']:.1f}",
+            f"{budget['gain']:+.1f} (from step {budget['half_step']:,})", f"{budget['final_std']:.1f}",
+            str(budget["seeds"]), budget["verdict"]] for budget in budgets])
+        if budgets else "No dense run with two or more evaluations (set --eval_every).", "",
         "## Verdicts", "",
         "Pruned ≈ dense: the pruned score mean is at most one dense std below the dense mean (per task and "
         "algorithm).", "",
@@ -371,6 +465,7 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
         report += ["## Cells without results", "", *[f"- {cell}" for cell in failed], ""]
     io.atomic_write_json(paths["summary.json"], {"rows": rows, "memory": memory, "overlaps": list(overlaps),
                                                  "verdicts": verdicts, "output_layers": layer_rows,
+                                                 "learning_curves": curves, "budgets": budgets,
                                                  "failed": list(failed)})
     io.atomic_write_text(paths["report.md"], "\n".join(report))
     return paths

@@ -278,3 +278,42 @@ def test_verdicts_dense_and_output_layers_by_hand():
     assert "GraSP keeps 0.500 of the output layer, more than SNIP (0.300); more than of its hidden layers (0.040)" in line
     assert study_report.is_output_layer("vae/encoder/mean/kernel") and not study_report.is_output_layer(
         "vae/decoder/torso/dense_0/kernel")
+
+
+def _with_curve(results, scores, steps=(1000, 2000, 3000, 4000)):
+    results["evaluations"] = [{"steps": step, "mean": -1.0, "normalized_score": {"mean": score, "std": 0.0}}
+                              for step, score in zip(steps, scores)]
+    return results
+
+
+def test_learning_curves_and_budget_verdicts_by_hand(tmp_path):
+    """Dense curves over 4 evaluations (half of 4000 is 2000). Task "flat": seeds end at 60 / 62 /
+    58 from 58 / 61 / 57 at step 2000: gain +1.33 ≤ final std 1.63 → flattened. Task "rising":
+    60 / 62 / 58 from 40 / 41 / 39 → gain +20 > 1.63 → still rising. Task "falling": from 80 /
+    81 / 79 → gain −20 → falling. A pruned curve gets no verdict; a cell with one evaluation
+    makes no curve."""
+    cells = []
+    for task, middle in (("flat", [58.0, 61.0, 57.0]), ("rising", [40.0, 41.0, 39.0]), ("falling", [80.0, 81.0, 79.0])):
+        for seed, (half, final) in enumerate(zip(middle, [60.0, 62.0, 58.0])):
+            cells.append(_cell("none", 0.0, seed, _with_curve(_results(final), [10.0, half, half, final]), task=task))
+    cells += [_cell("snip", 0.95, seed, _with_curve(_results(30.0, 0.05), [5.0, 20.0, 25.0, 30.0]), task="flat")
+              for seed in range(3)]
+    cells.append(_cell("none", 0.0, 0, _with_curve(_results(1.0), [1.0], steps=(4000,)), task="single"))
+    curves = {(curve["task"], curve["pruner"]): curve for curve in study_report.learning_curves(cells)}
+    assert set(curves) == {("flat", "none"), ("rising", "none"), ("falling", "none"), ("flat", "snip")}
+    flat = curves[("flat", "none")]
+    assert flat["steps"] == [1000, 2000, 3000, 4000] and flat["mean"][1] == pytest.approx(176.0 / 3)
+    assert flat["std"][-1] == pytest.approx(np.std([60.0, 62.0, 58.0]))
+    verdicts = {verdict["task"]: verdict for verdict in study_report.budget_verdicts(list(curves.values()))}
+    assert set(verdicts) == {"flat", "rising", "falling"}
+    assert verdicts["flat"]["gain"] == pytest.approx(4.0 / 3) and verdicts["flat"]["verdict"] == "flattened"
+    assert verdicts["flat"]["half_step"] == 2000 and verdicts["flat"]["budget"] == 4000
+    assert verdicts["rising"]["gain"] == pytest.approx(20.0) and verdicts["rising"]["verdict"] == "still rising"
+    assert verdicts["falling"]["gain"] == pytest.approx(-20.0) and verdicts["falling"]["verdict"] == "falling"
+    paths = study_report.write_report(str(tmp_path), cells[:-1], [])
+    report = (tmp_path / "report.md").read_text()
+    assert "| flat | bc | 4,000 | 60.0 | +1.3 (from step 2,000) | 1.6 | 3 | flattened |" in report
+    assert "| rising | bc | 4,000 | 60.0 | +20.0 (from step 2,000) | 1.6 | 3 | still rising |" in report
+    assert os.path.getsize(paths["learning_curves_flat_bc"]) > 0 and "plots/learning_curves_flat_bc.png" in report
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {budget["task"]: budget["verdict"] for budget in summary["budgets"]}["falling"] == "falling"
