@@ -140,13 +140,11 @@ def ell_model(model):
     import onnx
     from onnx import helper, numpy_helper
 
+    from qrl.deploy.initializers import dense_of_sparse
+
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
-    sparse = {}
-    for tensor in graph.sparse_initializer:
-        dense = np.zeros(int(np.prod(tensor.dims)), helper.tensor_dtype_to_np_dtype(tensor.values.data_type))
-        dense[numpy_helper.to_array(tensor.indices)] = numpy_helper.to_array(tensor.values)
-        sparse[tensor.values.name] = dense.reshape(tuple(tensor.dims))
+    sparse = {tensor.values.name: dense_of_sparse(tensor) for tensor in graph.sparse_initializer}
     nodes, initializers = [], list(graph.initializer)
     axes = numpy_helper.from_array(np.array([-1], np.int64), "ell_axes")
     initializers.append(axes)

@@ -28,20 +28,12 @@ import numpy as np
 import onnx
 import scipy.sparse
 import scipy.special
-from onnx import helper, numpy_helper
+from onnx import helper
 
+from qrl.deploy.initializers import initializer_values
 from qrl.errors import QrlInputError
 
 MAX_DENSITY = 0.3  # kept fraction at or below which a kernel runs as CSR (the batch-1 crossover measured here).
-
-
-def _dense_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    values = {tensor.name: numpy_helper.to_array(tensor) for tensor in model.graph.initializer}
-    for sparse in model.graph.sparse_initializer:
-        dense = np.zeros(int(np.prod(sparse.dims)), helper.tensor_dtype_to_np_dtype(sparse.values.data_type))
-        dense[numpy_helper.to_array(sparse.indices).astype(np.int64)] = numpy_helper.to_array(sparse.values)
-        values[sparse.values.name] = dense.reshape(tuple(sparse.dims))
-    return values
 
 
 def _attributes(node) -> dict:
@@ -232,7 +224,7 @@ class CsrProgram:
         self.max_density = max_density
         self.sparse_kernels = 0
         graph = model.graph
-        constants = _dense_initializers(model)
+        constants = initializer_values(model)
         self.input_names = [value.name for value in graph.input if value.name not in constants]
         self.output_names = [value.name for value in graph.output]
         self._steps: list = []

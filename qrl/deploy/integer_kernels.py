@@ -23,6 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qrl.deploy.initializers import initializer_values
+
 INTEGER_PRODUCTS = ("MatMulInteger", "ConvInteger")  # kernel at input 1, its zero point at input 3.
 EXACT_INT8_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")  # /proc/cpuinfo flags of exact u8·s8 units.
 
@@ -51,19 +53,6 @@ def _cpu_flags() -> Optional[set]:
     return None
 
 
-def _dense_value(model: onnx.ModelProto, name: str) -> Optional[np.ndarray]:
-    """The value of initializer `name` (dense or sparse), None for a computed tensor or an input."""
-    for tensor in model.graph.initializer:
-        if tensor.name == name:
-            return numpy_helper.to_array(tensor)
-    for sparse in model.graph.sparse_initializer:
-        if sparse.values.name == name:
-            dense = np.zeros(int(np.prod(sparse.dims)), helper.tensor_dtype_to_np_dtype(sparse.values.data_type))
-            dense[numpy_helper.to_array(sparse.indices).astype(np.int64)] = numpy_helper.to_array(sparse.values)
-            return dense.reshape(tuple(sparse.dims))
-    return None
-
-
 def _element_types(model: onnx.ModelProto) -> dict[str, int]:
     """ONNX element type of every named tensor (initializers, inputs, inferred intermediates)."""
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -79,7 +68,7 @@ def unsigned_kernels(model: onnx.ModelProto) -> onnx.ModelProto:
     point `zw + 128` (the same products, exactly; s8·s8 products, exact already, stay). Constant kernels are converted here (a sparse one
     is stored dense); kernels computed or fed at run time get Cast/Add/Cast nodes before the
     product. A model without int8 kernels comes back unchanged."""
-    types = None
+    types, constants = None, initializer_values(model)
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     graph = rewritten.graph
@@ -88,7 +77,7 @@ def unsigned_kernels(model: onnx.ModelProto) -> onnx.ModelProto:
     def unsigned(name: str, default_zero: bool = False) -> str:
         if name in converted:
             return converted[name]
-        value = _dense_value(rewritten, name) if name else np.zeros((), np.int8) if default_zero else None
+        value = constants.get(name) if name else np.zeros((), np.int8) if default_zero else None
         new_name = f"{name or 'kernel_zero_point'}_unsigned_{len(converted)}"
         if value is not None:
             graph.initializer.append(numpy_helper.from_array((value.astype(np.int16) + 128).astype(np.uint8), new_name))
