@@ -46,6 +46,9 @@ flags.DEFINE_float("medium_fraction", generate.MEDIUM_FRACTION,
 flags.DEFINE_multi_string("set", [], "SAC config override key=value (repeatable), e.g. --set=matmul_dtype=bf16.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing --out file (d4rl) or dataset (minari), once the new one "
                   "is complete.")
+flags.DEFINE_string("bundle_out", None, "Also write the trained run's bundle here (a new directory: training.json, "
+                    "the medium and final policies, the training steps up to medium), from which --workdir=DIR "
+                    "collects every level without training.")
 flags.DEFINE_bool("progress", True, "Show progress (periodic one-line summaries when not on a terminal).")
 
 
@@ -102,6 +105,10 @@ def run() -> None:
         raise QrlInputError(f"{destination} exists; pass --overwrite to replace it")
     workdir = FLAGS.workdir or os.path.join("runs", "make_dataset", f"{env_slug(FLAGS.env)}-seed{FLAGS.seed}")
     workdirs.check_path(workdir, "--workdir")
+    if FLAGS.bundle_out is not None:
+        workdirs.check_path(FLAGS.bundle_out, "--bundle_out")
+        if os.path.lexists(FLAGS.bundle_out):
+            raise QrlInputError(f"--bundle_out {FLAGS.bundle_out} exists; a bundle is written into a new directory")
     runtime.configure_jax(1)  # SAC on vector observations: one XLA thread (qrl.runtime)
     config = sac.config_for(FLAGS.env, common.parse_overrides(FLAGS.set))
     behavior = generate.BehaviorRun(
@@ -110,13 +117,16 @@ def run() -> None:
         medium_fraction=FLAGS.medium_fraction,
     )
     started = time.perf_counter()
-    needs_training = FLAGS.level != "random"  # the random level samples the initialization
+    needs_training = FLAGS.level != "random" or FLAGS.bundle_out is not None  # random samples the initialization
     if needs_training and not behavior.trained and FLAGS.progress:
         done = behavior.record["checkpoints"][-1]["step"] if behavior.record["checkpoints"] else 0
         _say(f"training SAC on {FLAGS.env} for {FLAGS.sac_steps} steps in {workdir}"
              + (f" (resuming at step {done})" if done else ""))
     if needs_training or behavior.trained:
         behavior.train(progress=FLAGS.progress)
+    if FLAGS.bundle_out is not None:
+        written = behavior.write_bundle(FLAGS.bundle_out)
+        print(f"bundle of the SAC run ({len(written)} files) -> {FLAGS.bundle_out}")
     references = behavior.known_references()
     arrays = behavior.level_arrays(FLAGS.level, FLAGS.size or None, num_envs=FLAGS.num_envs,
                                    progress=_say if FLAGS.progress else None)

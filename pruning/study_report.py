@@ -207,27 +207,34 @@ def learning_curves(cells: Sequence[Mapping]) -> list[dict]:
 
 
 def budget_verdicts(curves: Sequence[Mapping]) -> list[dict]:
-    """Whether each dense curve has flattened by the end of its budget: `gain` is the mean over
-    seeds of (final score − score at the evaluation nearest half the budget), `final_std` the
-    seeds' std at the end. "flattened" when the gain is below the final std (the second half's
-    progress is not resolved above the spread between seeds), else "still rising" (the budget is
-    short: pruned-vs-dense verdicts then compare unconverged runs) — or "falling" when the
-    score dropped by more than the final std."""
+    """Whether each dense curve has flattened by the end of its budget B. Per seed, the gain is
+    the mean score of the evaluations in the last quarter (steps > 3B/4) minus that of the
+    second quarter (B/4 < steps ≤ B/2); averaging windows keeps one noisy evaluation from
+    deciding. "flattened" when the mean gain over seeds is within the seeds' std of their
+    last-quarter means (the late progress is not resolved above the spread between seeds), else
+    "still rising" (the budget is short: pruned-vs-dense verdicts then compare unconverged runs)
+    or "falling". Curves without an evaluation in both windows get no verdict."""
     verdicts = []
     for curve in curves:
         if curve["pruner"] != DENSE:
             continue
-        steps = np.asarray(curve["steps"])
-        half = int(np.argmin(np.abs(steps - steps[-1] / 2)))
-        if half == len(steps) - 1:
+        steps, per_seed = np.asarray(curve["steps"]), np.asarray(curve["per_seed"])
+        budget = int(steps[-1])
+        late, middle = steps > 0.75 * budget, (steps > 0.25 * budget) & (steps <= 0.5 * budget)
+        if not late.any() or not middle.any():
             continue
-        per_seed = np.asarray(curve["per_seed"])
-        gain, final_std = float(np.mean(per_seed[:, -1] - per_seed[:, half])), float(per_seed[:, -1].std())
-        verdict = "flattened" if abs(gain) <= final_std else "still rising" if gain > 0 else "falling"
-        verdicts.append({"task": curve["task"], "algo": curve["algo"], "budget": int(steps[-1]),
-                         "half_step": int(steps[half]), "final_mean": float(per_seed[:, -1].mean()),
-                         "gain": gain, "final_std": final_std, "seeds": len(per_seed), "verdict": verdict})
+        late_means = per_seed[:, late].mean(axis=1)
+        gain, spread = float(np.mean(late_means - per_seed[:, middle].mean(axis=1))), float(late_means.std())
+        verdict = "flattened" if abs(gain) <= spread else "still rising" if gain > 0 else "falling"
+        verdicts.append({"task": curve["task"], "algo": curve["algo"], "budget": budget,
+                         "late_steps": steps[late].tolist(), "middle_steps": steps[middle].tolist(),
+                         "final_mean": float(per_seed[:, -1].mean()), "late_mean": float(late_means.mean()),
+                         "gain": gain, "late_std": spread, "seeds": len(per_seed), "verdict": verdict})
     return verdicts
+
+
+def _window(steps: Sequence[int]) -> str:
+    return f"{steps[0]:,}" if len(steps) == 1 else f"{steps[0]:,}–{steps[-1]:,}"
 
 
 def learning_curve_plot(curves: Sequence[Mapping], task: str, algo: str, sparsity: Optional[float] = None,
@@ -434,13 +441,15 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
         "where the IQM is the mean. Dense: pruner none at sparsity 0, every pruner's sparsity-0 point.", "",
         "## Scores", "", score_markdown(rows), "",
         "## Budget", "",
-        "Has the dense learning curve flattened? Gain: the mean over seeds of (final score − score at the "
-        "evaluation nearest half the budget); flattened when it is within the seeds' final std.", "",
-        _markdown(["task", "algo", "budget (steps)", "final", "gain over the second half", "final std", "seeds",
+        "Has the dense learning curve flattened? Gain: the mean over seeds of (mean score of the evaluations in the "
+        "budget's last quarter − that of its second quarter); flattened when it is within the seeds' std of their "
+        "last-quarter means.", "",
+        _markdown(["task", "algo", "budget (steps)", "final", "last quarter", "gain (steps)", "std", "seeds",
                    "verdict"], [[
             budget["task"], budget["algo"], f"{budget['budget']:,}", f"{budget['final_mean']:.1f}",
-            f"{budget['gain']:+.1f} (from step {budget['half_step']:,})", f"{budget['final_std']:.1f}",
-            str(budget["seeds"]), budget["verdict"]] for budget in budgets])
+            f"{budget['late_mean']:.1f}",
+            f"{budget['gain']:+.1f} ({_window(budget['middle_steps'])} → {_window(budget['late_steps'])})",
+            f"{budget['late_std']:.1f}", str(budget["seeds"]), budget["verdict"]] for budget in budgets])
         if budgets else "No dense run with two or more evaluations (set --eval_every).", "",
         "## Verdicts", "",
         "Pruned ≈ dense: the pruned score mean is at most one dense std below the dense mean (per task and "

@@ -316,3 +316,30 @@ def test_random_level_is_written_without_training_and_gets_the_expert_reference_
     reference, source = files.reference_returns(out, files.read_steps(out)["metadata"])
     assert source == "the dataset's metadata" and reference == (random_return,
                                                                 run.record["references"]["expert"]["return_mean"])
+
+
+def test_a_bundle_rebuilds_every_level_exactly_without_training(trained, tmp_path):
+    """The bundle holds the record, the medium and final policies and the steps up to medium; a
+    run on it is trained and collects the same levels as the full workdir, step for step."""
+    medium = trained.medium_checkpoint()["step"]
+    written = trained.write_bundle(str(tmp_path / "bundle"))
+    expected_steps = [os.path.join("steps", f"until_{step:09d}.npz") for step in range(100, medium + 1, 100)]
+    assert sorted(written) == sorted(["training.json", *{os.path.join("policies", f"step_{step:09d}.msgpack")
+                                                         for step in (medium, 400)}, *expected_steps])
+    on_disk = sorted(os.path.relpath(os.path.join(root, name), tmp_path / "bundle")
+                     for root, _, names in os.walk(tmp_path / "bundle") for name in names)
+    assert on_disk == sorted(written) and not os.path.exists(str(tmp_path / "bundle.partial"))
+    rebuilt = behavior_run(tmp_path / "bundle")
+    assert rebuilt.trained and rebuilt.record == trained.record
+    rebuilt.train(progress=False)  # nothing to train: no state, no new files
+    assert not os.path.exists(tmp_path / "bundle" / "state")
+    for level, size in (("random", 120), ("medium", 120), ("expert", 120), ("medium-replay", None),
+                        ("medium-expert", 121)):  # sizes no other test caches (a cache keeps its num_envs)
+        original, again = trained.level_arrays(level, size, num_envs=2), rebuilt.level_arrays(level, size, num_envs=2)
+        for key in generate.STEP_KEYS:
+            np.testing.assert_array_equal(again[key], original[key], err_msg=f"{level} {key}")
+    with pytest.raises(QrlInputError, match="exists"):
+        trained.write_bundle(str(tmp_path / "bundle"))
+    with pytest.raises(QrlInputError, match="not trained"):
+        behavior_run(tmp_path / "untrained").write_bundle(str(tmp_path / "nothing"))
+    assert not os.path.exists(tmp_path / "nothing")

@@ -287,11 +287,12 @@ def _with_curve(results, scores, steps=(1000, 2000, 3000, 4000)):
 
 
 def test_learning_curves_and_budget_verdicts_by_hand(tmp_path):
-    """Dense curves over 4 evaluations (half of 4000 is 2000). Task "flat": seeds end at 60 / 62 /
-    58 from 58 / 61 / 57 at step 2000: gain +1.33 ≤ final std 1.63 → flattened. Task "rising":
-    60 / 62 / 58 from 40 / 41 / 39 → gain +20 > 1.63 → still rising. Task "falling": from 80 /
-    81 / 79 → gain −20 → falling. A pruned curve gets no verdict; a cell with one evaluation
-    makes no curve."""
+    """Dense curves over 4 evaluations: the second quarter of 4000 steps holds step 2000, the last
+    quarter step 4000. Task "flat": seeds end at 60 / 62 / 58 from 58 / 61 / 57 at step 2000:
+    gain +1.33 ≤ std 1.63 → flattened. Task "rising": 60 / 62 / 58 from 40 / 41 / 39 → gain +20
+    > 1.63 → still rising. Task "falling": from 80 / 81 / 79 → gain −20 → falling. Over 8
+    evaluations the windows average: steps 3000–4000 against 7000–8000. A pruned curve gets no
+    verdict; a cell with one evaluation makes no curve."""
     cells = []
     for task, middle in (("flat", [58.0, 61.0, 57.0]), ("rising", [40.0, 41.0, 39.0]), ("falling", [80.0, 81.0, 79.0])):
         for seed, (half, final) in enumerate(zip(middle, [60.0, 62.0, 58.0])):
@@ -307,13 +308,25 @@ def test_learning_curves_and_budget_verdicts_by_hand(tmp_path):
     verdicts = {verdict["task"]: verdict for verdict in study_report.budget_verdicts(list(curves.values()))}
     assert set(verdicts) == {"flat", "rising", "falling"}
     assert verdicts["flat"]["gain"] == pytest.approx(4.0 / 3) and verdicts["flat"]["verdict"] == "flattened"
-    assert verdicts["flat"]["half_step"] == 2000 and verdicts["flat"]["budget"] == 4000
+    assert verdicts["flat"]["middle_steps"] == [2000] and verdicts["flat"]["late_steps"] == [4000]
+    assert verdicts["flat"]["budget"] == 4000 and verdicts["flat"]["late_std"] == pytest.approx(np.std([60.0, 62.0, 58.0]))
     assert verdicts["rising"]["gain"] == pytest.approx(20.0) and verdicts["rising"]["verdict"] == "still rising"
     assert verdicts["falling"]["gain"] == pytest.approx(-20.0) and verdicts["falling"]["verdict"] == "falling"
+    # One noisy last evaluation does not decide: per seed s, 29+s at steps 3000 and 4000, then 36+s
+    # and 26+s at 7000 and 8000 (mean 31+s): gain +2 > std 0.82 → still rising, where the last
+    # evaluation alone (26+s, 3 below the second quarter) would have read falling.
+    long_steps = tuple(range(1000, 8001, 1000))
+    noisy = [_cell("none", 0.0, seed, _with_curve(_results(26.0 + seed), [0.0, 0.0, 29.0 + seed, 29.0 + seed, 0.0,
+                                                                          0.0, 36.0 + seed, 26.0 + seed],
+                                                  steps=long_steps), task="noisy") for seed in range(3)]
+    (long,) = study_report.budget_verdicts(study_report.learning_curves(noisy))
+    assert long["middle_steps"] == [3000, 4000] and long["late_steps"] == [7000, 8000]
+    assert long["gain"] == pytest.approx(2.0) and long["late_std"] == pytest.approx(np.std([31.0, 32.0, 33.0]))
+    assert long["verdict"] == "still rising" and long["final_mean"] == pytest.approx(27.0)
     paths = study_report.write_report(str(tmp_path), cells[:-1], [])
     report = (tmp_path / "report.md").read_text()
-    assert "| flat | bc | 4,000 | 60.0 | +1.3 (from step 2,000) | 1.6 | 3 | flattened |" in report
-    assert "| rising | bc | 4,000 | 60.0 | +20.0 (from step 2,000) | 1.6 | 3 | still rising |" in report
+    assert "| flat | bc | 4,000 | 60.0 | 60.0 | +1.3 (2,000 → 4,000) | 1.6 | 3 | flattened |" in report
+    assert "| rising | bc | 4,000 | 60.0 | 60.0 | +20.0 (2,000 → 4,000) | 1.6 | 3 | still rising |" in report
     assert os.path.getsize(paths["learning_curves_flat_bc"]) > 0 and "plots/learning_curves_flat_bc.png" in report
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {budget["task"]: budget["verdict"] for budget in summary["budgets"]}["falling"] == "falling"

@@ -308,6 +308,41 @@ class BehaviorRun:
         return choose_medium(self.record["checkpoints"], references["random"]["return_mean"],
                              references["expert"]["return_mean"], self.medium_fraction)
 
+    def write_bundle(self, destination: str) -> list[str]:
+        """Writes what every level of this trained run is made from into the new directory
+        `destination`: `training.json`, the medium and final policies and the training steps up
+        to the medium checkpoint (compressed npz). A `BehaviorRun` with the same settings and
+        `workdir=destination` collects every level from it without training, so the datasets
+        can be rebuilt where training them again would take an hour. Written into a temporary
+        directory beside `destination` and renamed; returns the relative paths written."""
+        if not self.trained or "references" not in self.record:
+            raise QrlInputError(f"{self.workdir}: the behaviour agent is not trained yet, so it has no bundle")
+        destination = os.path.abspath(destination)
+        if os.path.lexists(destination):
+            raise QrlInputError(f"bundle destination {destination} exists; choose a new directory")
+        medium, final = self.medium_checkpoint()["step"], self.record["checkpoints"][-1]["step"]
+        files = [RECORD_FILE, *(os.path.join("policies", f"step_{step:09d}.msgpack") for step in sorted({medium, final}))]
+        segments = [os.path.join("steps", f"until_{checkpoint['step']:09d}.npz")
+                    for checkpoint in self.record["checkpoints"] if checkpoint["step"] <= medium]
+        staging = destination + ".partial"
+        if os.path.lexists(staging):
+            raise QrlInputError(f"{staging} exists (an interrupted bundle?); remove it first")
+        try:
+            for relative in files:
+                os.makedirs(os.path.dirname(os.path.join(staging, relative)), exist_ok=True)
+                shutil.copyfile(self._path(relative), os.path.join(staging, relative))
+            os.makedirs(os.path.join(staging, "steps"), exist_ok=True)
+            for relative in segments:
+                buffer = io.BytesIO()
+                np.savez_compressed(buffer, **_load_npz(self._path(relative)))
+                with open(os.path.join(staging, relative), "wb") as handle:
+                    handle.write(buffer.getvalue())
+            os.rename(staging, destination)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return files + segments
+
     # ----- levels -------------------------------------------------------------------------
 
     def level_arrays(self, level: str, size: Optional[int], num_envs: int = 10,

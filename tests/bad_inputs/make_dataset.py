@@ -26,6 +26,11 @@ def _escaping_link(tmp):
     os.symlink(tmp / "victim-v0", tmp / "minari" / "qrl")
 
 
+def _existing_bundle(tmp):
+    os.makedirs(tmp / "bundle")
+    (tmp / "bundle" / "keep.txt").write_text("precious\n")
+
+
 def _existing_output(tmp):
     (tmp / "hopper-medium.hdf5").write_bytes(b"an earlier dataset")
 
@@ -50,4 +55,8 @@ CASES = [
     _case("zero-num-envs", "--num_envs", *_D4RL, "--num_envs=0"),
     _case("negative-checkpoint-every", "--checkpoint_every", *_D4RL, "--checkpoint_every=-10"),
     _case("zero-sac-steps", "--sac_steps", *_D4RL, "--sac_steps=0"),
+    _case("bundle-out-exists", "a bundle is written into a new directory", *_D4RL, "--bundle_out={tmp}/bundle",
+          setup=_existing_bundle),
+    _case("bundle-out-under-a-file", "which is not a directory", *_D4RL, "--bundle_out={tmp}/afile/bundle",
+          setup=a_file),
 ]
