@@ -23,23 +23,16 @@ import tempfile
 
 import numpy as np
 
+from qrl.cpu import cpu_info
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SCHEMES = "fp32,fp16,int8,int8-dyn,quarl_dyn8"
 
 
 def machine() -> dict:
     """The CPU model, its ISA flags that matter for int8/bf16, cores and load."""
-    model, flags = platform.processor(), set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-    except OSError:
-        pass
+    model, flags = cpu_info()
+    model, flags = model or platform.processor(), flags or set()
     isa = [flag for flag in ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx512f", "avx2")
            if flag in flags]
     return {"cpu": model or platform.machine(), "isa": isa, "cpu_count": os.cpu_count(),

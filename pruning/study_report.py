@@ -76,15 +76,21 @@ def _order(key: tuple, pruners: Mapping[str, int]) -> tuple:
     return task, algo, (pruner != DENSE, pruners[pruner]), sparsity
 
 
-def gather(cells: Sequence[Mapping]) -> list[dict]:
-    """One row per (task, algo, pruner, sparsity), dense rows first, sparsities ascending."""
+def _by_row(cells: Sequence[Mapping]) -> dict[tuple, list[Mapping]]:
+    """Cells grouped by (task, algo, pruner, sparsity), each group ordered by seed."""
     groups: dict[tuple, list[Mapping]] = {}
     for cell in cells:
         groups.setdefault(_row_key(cell), []).append(cell)
+    return {key: sorted(group, key=lambda cell: int(_field(cell, "seed"))) for key, group in groups.items()}
+
+
+def gather(cells: Sequence[Mapping]) -> list[dict]:
+    """One row per (task, algo, pruner, sparsity), dense rows first, sparsities ascending."""
+    groups = _by_row(cells)
     pruners = {pruner: index for index, pruner in enumerate(dict.fromkeys(key[2] for key in groups))}
     rows = []
     for key in sorted(groups, key=lambda key: _order(key, pruners)):
-        group = sorted(groups[key], key=lambda cell: int(_field(cell, "seed")))
+        group = groups[key]
         seeds = [int(cell["seed"]) for cell in group]
         if len(set(seeds)) != len(seeds):
             raise QrlInputError(f"two results for the same seed of {' '.join(map(str, key))}")
@@ -185,12 +191,8 @@ def learning_curves(cells: Sequence[Mapping]) -> list[dict]:
     """One curve per (task, algo, pruner, sparsity): the score (normalized, or the return as in
     `gather`) at each gradient step every seed was evaluated at, mean and population std over
     seeds, and `per_seed [S, T]`. Rows whose cells hold one evaluation or none are left out."""
-    groups: dict[tuple, list[Mapping]] = {}
-    for cell in cells:
-        groups.setdefault(_row_key(cell), []).append(cell)
     curves = []
-    for key, group in groups.items():
-        group = sorted(group, key=lambda cell: int(_field(cell, "seed")))
+    for key, group in _by_row(cells).items():
         results = [_field(cell, "results") for cell in group]
         kind, _ = _scores(results)
         evaluations = [{int(_field(entry, "steps")): entry for entry in result.get("evaluations") or []}

@@ -6,7 +6,7 @@ take, and with AVX-512 VNNI, AVX-VNNI or AMX they accumulate exactly in int32. O
 without those units (AVX2 or AVX-512BW only) its u8·s8 kernel multiplies with `vpmaddubsw`,
 which adds pairs of products into int16 and saturates: |255·127·2| > 32767. Measured on an
 AMD EPYC with AVX2 only (ONNX Runtime 1.32, a 256×256 int8 kernel): results off by up to 85,593
-in int32, 10–32% of a policy's greedy actions different from the JAX int8 policy's.
+in int32, 10–37% of a policy's greedy actions different from the JAX int8 policy's.
 
 The file keeps signed kernels (a pruned kernel's zeros stay zeros, so sparse storage holds; fast
 where the CPU has VNNI). `unsigned_kernels` rewrites a model for a CPU whose u8·s8 product
@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from qrl.cpu import cpu_info
 from qrl.deploy.initializers import initializer_values
 
 INTEGER_PRODUCTS = ("MatMulInteger", "ConvInteger")  # kernel at input 1, its zero point at input 3.
@@ -36,21 +37,10 @@ def u8s8_saturates(cpu_flags: Optional[set] = None) -> bool:
     if cpu_flags is None:
         if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686", "x86"):
             return False
-        cpu_flags = _cpu_flags()
+        _, cpu_flags = cpu_info()
         if cpu_flags is None:
             return True
     return not any(flag in cpu_flags for flag in EXACT_INT8_FLAGS)
-
-
-def _cpu_flags() -> Optional[set]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        return None
-    return None
 
 
 def _element_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -65,8 +55,8 @@ def _element_types(model: onnx.ModelProto) -> dict[str, int]:
 
 def unsigned_kernels(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` whose int8 kernels of u8·s8 integer products are uint8 `w + 128` with zero
-    point `zw + 128` (the same products, exactly; s8·s8 products, exact already, stay). Constant kernels are converted here (a sparse one
-    is stored dense); kernels computed or fed at run time get Cast/Add/Cast nodes before the
+    point `zw + 128` (the same products, exactly; s8·s8 products, exact already, stay). Constant
+    kernels are converted here (a sparse one is stored dense); kernels computed or fed at run time get Cast/Add/Cast nodes before the
     product. A model without int8 kernels comes back unchanged."""
     types, constants = None, initializer_values(model)
     rewritten = onnx.ModelProto()
@@ -102,8 +92,8 @@ def unsigned_kernels(model: onnx.ModelProto) -> onnx.ModelProto:
         nodes.append(node)
     used = {name for node in nodes for name in node.input}
     kept_sparse = [sparse for sparse in graph.sparse_initializer if sparse.values.name in used]
-    kept_dense = [tensor for tensor in graph.initializer if tensor.name in used or tensor.name in
-                  {output.name for output in graph.output}]
+    used |= {output.name for output in graph.output}
+    kept_dense = [tensor for tensor in graph.initializer if tensor.name in used]
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.sparse_initializer[:]
