@@ -105,7 +105,7 @@ def make_arm_options(workdir: str, datasets: str, algos: str, pruners: str, spar
 def ablation_cells(arm: str, options: prune_study.StudyOptions) -> list[dict]:
     """The arm's finished pruned cells as `pruning.ablation_report` cells."""
     cells = []
-    for record in prune_study.study_cells(options, prune_study.plan_cells(options)):
+    for record in prune_study.study_cells(options.workdir, prune_study.plan_cells(options)):
         if record["pruner"] == prune_study.DENSE:
             continue
         results = record["results"]

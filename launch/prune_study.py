@@ -9,7 +9,8 @@ Each cell is one `launch.prune_runs.run_prune_offline` run, in this process, int
 Minari directory's last two parts). Sparsity 0 is the dense run, pruner "none", once per task ×
 algo × seed (also run when --pruners lists none); the other pruners run at every nonzero sparsity.
 A cell whose results.json exists is skipped and an unfinished one starts again, so rerunning the
-command resumes. `--configs_per_program=N` trains up to N pending cells of one task and algorithm
+command resumes; `--stop_after_minutes` ends a part of a long grid between cells (or programs), and
+`--report_only` rewrites the report from the cells on disk (study.json's plan) without the datasets. `--configs_per_program=N` trains up to N pending cells of one task and algorithm
 together as one vmapped program (`launch.prune_runs.run_prune_offline_many`, `qrl.offline_many`);
 each cell still gets its own directory and files. Bad input in a cell stops the study with its one line; any other failure is
 recorded (traceback in `<cell>.error.txt`) and the study goes on, exiting 1 at the end. Then
@@ -32,6 +33,7 @@ from qrl import io, workdirs
 from qrl.errors import QrlInputError
 
 DENSE = study_report.DENSE
+STUDY_FILE = "study.json"
 Runner = Callable[..., dict]
 
 FLAGS = flags.FLAGS
@@ -64,6 +66,12 @@ def define_flags() -> None:
                          "Train up to N cells of one task and algorithm as one vmapped program (qrl.offline_many); "
                          "1: cell by cell.")
     flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
+    flags.DEFINE_float("stop_after_minutes", 0.0,
+                       "Start no cell or program after this many minutes (0: no limit); the report covers the "
+                       "finished cells and rerunning the command resumes.")
+    flags.DEFINE_bool("report_only", False,
+                      "Run nothing: rewrite the report over the finished cells of the plan in <workdir>/study.json "
+                      "(only --workdir is read; the datasets need not exist).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,10 +285,12 @@ def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_prune_offli
 
 
 def run_programs(cells: Sequence[Cell], options: StudyOptions, many_runner: Optional[Callable[..., list]] = None,
-                 progress: bool = True, log: Callable[[str], None] = print) -> list[str]:
+                 progress: bool = True, log: Callable[[str], None] = print,
+                 deadline: Optional[float] = None) -> list[str]:
     """Runs the cells not done yet in programs of up to `configs_per_program` cells of one task and
     algorithm (`launch.prune_runs.run_prune_offline_many`); returns the failed cells' labels. A
-    program that fails leaves its traceback beside each of its cells and the study goes on."""
+    program that fails leaves its traceback beside each of its cells and the study goes on. No
+    program starts once `time.monotonic()` has passed `deadline`."""
     from launch.prune_runs import run_prune_offline_many
 
     many_runner = many_runner or run_prune_offline_many
@@ -291,6 +301,8 @@ def run_programs(cells: Sequence[Cell], options: StudyOptions, many_runner: Opti
     failed, done = [], len(cells) - sum(len(group) for group in pending.values())
     for group in pending.values():
         for first in range(0, len(group), options.configs_per_program):
+            if _past(deadline):
+                return failed
             program = group[first:first + options.configs_per_program]
             start = time.perf_counter()
             cell_dirs = [os.path.join(options.workdir, cell.relative_dir) for cell in program]
@@ -316,11 +328,15 @@ def run_programs(cells: Sequence[Cell], options: StudyOptions, many_runner: Opti
     return failed
 
 
-def study_cells(options: StudyOptions, cells: Sequence[Cell]) -> list[dict]:
+def _past(deadline: Optional[float]) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def study_cells(workdir: str, cells: Sequence[Cell]) -> list[dict]:
     """The finished cells as `pruning.study_report` records, each with its results and stored masks."""
     records = []
     for cell in cells:
-        cell_dir = os.path.join(options.workdir, cell.relative_dir)
+        cell_dir = os.path.join(workdir, cell.relative_dir)
         if not os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
             continue
         masks = read_masks(cell_dir) if os.path.exists(os.path.join(cell_dir, MASKS_FILE)) else {}
@@ -331,20 +347,26 @@ def study_cells(options: StudyOptions, cells: Sequence[Cell]) -> list[dict]:
 
 
 def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progress: bool = True,
-              log: Callable[[str], None] = print, many_runner: Optional[Callable[..., list]] = None) -> dict:
-    """Runs the cells not done yet, then writes the report over every finished cell.
+              log: Callable[[str], None] = print, many_runner: Optional[Callable[..., list]] = None,
+              stop_after_s: float = 0.0) -> dict:
+    """Runs the cells not done yet, then writes the report over every finished cell. With
+    `stop_after_s` > 0 no cell (or program) starts after that many seconds; the rest wait for a rerun.
 
-    Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels]}.
+    Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels],
+    "pending": cells left without results}.
     """
     cells = plan_cells(options)
     check_tasks(options, cells)
     os.makedirs(options.workdir, exist_ok=True)
-    io.atomic_write_json(os.path.join(options.workdir, "study.json"),
+    io.atomic_write_json(os.path.join(options.workdir, STUDY_FILE),
                          {**dataclasses.asdict(options), "cells": [dataclasses.asdict(cell) for cell in cells]})
+    deadline = time.monotonic() + stop_after_s if stop_after_s > 0 else None
     failed = []
     if options.configs_per_program > 1:
-        failed = run_programs(cells, options, many_runner, progress=progress, log=log)
+        failed = run_programs(cells, options, many_runner, progress=progress, log=log, deadline=deadline)
     for index, cell in enumerate(cells if options.configs_per_program == 1 else (), start=1):
+        if _past(deadline):
+            break
         start = time.perf_counter()
         try:
             what = run_cell(cell, options, runner, progress, log)
@@ -355,20 +377,51 @@ def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progres
             what = f"FAILED: {reason}"
             failed.append(f"{cell.label} ({reason}; traceback in {os.path.join(options.workdir, cell.relative_dir)}.error.txt)")
         log(f"[{index}/{len(cells)}] {cell.label}: {what} ({time.perf_counter() - start:.0f} s)")
-    records = study_cells(options, cells)
+    outcome = write_study_report(options.workdir, cells, failed)
+    if outcome["pending"] and _past(deadline):
+        log(f"stopped after {stop_after_s / 60:g} minutes: {len(outcome['pending'])} of {len(cells)} cells left; "
+            f"rerun the command to resume")
+    return outcome
+
+
+def write_study_report(workdir: str, cells: Sequence[Cell], failed: Sequence[str] = ()) -> dict:
+    """The report over the cells that have results: `{"paths", "failed", "pending"}` as `run_study`."""
+    records = study_cells(workdir, cells)
+    done = {(record["task"], record["algo"], record["pruner"], record["sparsity"], record["seed"]) for record in records}
+    pending = [cell.label for cell in cells if (cell.task, cell.algo, cell.pruner, cell.sparsity, cell.seed) not in done]
     if not records:
-        return {"paths": None, "failed": failed}
+        return {"paths": None, "failed": list(failed), "pending": pending}
     overlaps = study_report.mask_overlap_table(records)
-    return {"paths": study_report.write_report(options.workdir, records, overlaps, failed), "failed": failed}
+    return {"paths": study_report.write_report(workdir, records, overlaps, list(failed), pending),
+            "failed": list(failed), "pending": pending}
+
+
+def report_only(workdir: Optional[str]) -> dict:
+    """Rewrites the report of the study in `workdir` from its study.json plan and the cells on disk."""
+    workdir = common.require_workdir(workdir)
+    path = os.path.join(workdir, STUDY_FILE)
+    if not os.path.isfile(path):
+        raise QrlInputError(f"--report_only: {path} does not exist (run the study first)")
+    try:
+        cells = [Cell(**{field.name: cell[field.name] for field in dataclasses.fields(Cell)})
+                 for cell in io.read_json(path)["cells"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise QrlInputError(f"--report_only: {path} is not a study plan ({type(error).__name__}: {error})") from None
+    return write_study_report(workdir, cells)
 
 
 def run() -> None:
+    if FLAGS.report_only:
+        studies.report_outcome(report_only(FLAGS.workdir), "pruning study")
+        return
+    common.check_ranges([("--stop_after_minutes", FLAGS.stop_after_minutes, common.AT_LEAST_0)])
     options = make_options(
         FLAGS.workdir, FLAGS.datasets, FLAGS.algos, FLAGS.pruners, FLAGS.sparsities, FLAGS.seeds, FLAGS.steps,
         FLAGS.eval_every, FLAGS.eval_episodes, FLAGS.prune_batches, FLAGS.prune_batch_size, FLAGS.scope, FLAGS.set,
         FLAGS.separate, FLAGS.temperature, FLAGS.reinit, FLAGS.iterations, FLAGS.vae, FLAGS.configs_per_program,
     )
-    studies.report_outcome(run_study(options, progress=FLAGS.progress), "pruning study")
+    studies.report_outcome(run_study(options, progress=FLAGS.progress, stop_after_s=60.0 * FLAGS.stop_after_minutes),
+                           "pruning study")
 
 
 if __name__ == "__main__":

@@ -411,9 +411,10 @@ def final_layer_verdicts(layer_rows: Sequence[Mapping]) -> list[str]:
 
 
 def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Mapping],
-                 failed: Sequence[str] = ()) -> dict:
+                 failed: Sequence[str] = (), pending: Sequence[str] = ()) -> dict:
     """Writes `report.md`, `summary.json` and `plots/*.png` into `study_dir`; returns their paths.
-    `overlaps`: `mask_overlap_table`'s rows; `failed`: cells without results, named in the report."""
+    `overlaps`: `mask_overlap_table`'s rows; `failed`: cells that failed, named in the report;
+    `pending`: the plan's cells without results (failed or not run yet), counted in the report."""
     rows, curves = gather(cells), learning_curves(cells)
     memory = memory_table(rows)
     verdicts, layer_rows, budgets = dense_verdicts(rows), final_layer_rows(rows), budget_verdicts(curves)
@@ -441,6 +442,8 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
         "mean ± population std over seeds. IQM: mean of the middle 50% of seeds, with a 95% percentile bootstrap "
         f"interval ({BOOTSTRAP_REPS} resamples of the seeds); * marks rows with fewer than {IQM_MIN_VALUES} seeds, "
         "where the IQM is the mean. Dense: pruner none at sparsity 0, every pruner's sparsity-0 point.", "",
+        *([f"**Partial: {len(cells)} of {len(cells) + len(pending)} planned cells have results**; rerun the study's "
+           "command to run the rest.", ""] if pending else []),
         "## Scores", "", score_markdown(rows), "",
         "## Budget", "",
         "Has the dense learning curve flattened? Gain: the mean over seeds of (mean score of the evaluations in the "
@@ -477,6 +480,6 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
     io.atomic_write_json(paths["summary.json"], {"rows": rows, "memory": memory, "overlaps": list(overlaps),
                                                  "verdicts": verdicts, "output_layers": layer_rows,
                                                  "learning_curves": curves, "budgets": budgets,
-                                                 "failed": list(failed)})
+                                                 "failed": list(failed), "pending": list(pending)})
     io.atomic_write_text(paths["report.md"], "\n".join(report))
     return paths

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -127,13 +128,50 @@ def test_cli_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path):
     dataset = tmp_path / "pendulum.hdf5"
     dataset.write_bytes(b"")
     for flags, message in [([f"--datasets={tmp_path / 'missing.hdf5'}"], "no such dataset"),
-                           ([f"--datasets={dataset}", "--pruners=snip,snap"], "unknown pruner 'snap'")]:
+                           ([f"--datasets={dataset}", "--pruners=snip,snap"], "unknown pruner 'snap'"),
+                           ([f"--datasets={dataset}", "--stop_after_minutes=-1"], "--stop_after_minutes must be >= 0"),
+                           (["--report_only"], "study.json does not exist (run the study first)")]:
         result = subprocess.run([sys.executable, "-m", "launch.prune_study", f"--workdir={tmp_path / 'study'}", *flags],
                                 cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO},
                                 timeout=300)
         assert result.returncode == 2, result.stderr
         assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "study").exists()
+
+
+class Slow(Counting):
+    """A runner that takes at least `seconds` per cell."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def __call__(self, run, workdir, **options):
+        time.sleep(self.seconds)
+        return super().__call__(run, workdir, **options)
+
+
+def test_stop_after_leaves_cells_for_a_rerun_and_report_only_rewrites_the_report(dataset_file, tmp_path):
+    workdir = tmp_path / "study"
+    options = prune_study.make_options(str(workdir), dataset_file, **TINY)
+    slow, lines = Slow(1.0), []
+    outcome = prune_study.run_study(options, runner=slow, progress=False, log=lines.append, stop_after_s=0.5)
+    assert len(slow.dirs) == 1 and len(outcome["pending"]) == 2 and outcome["failed"] == []
+    assert lines[-1].startswith("stopped after") and "2 of 3 cells left" in lines[-1]
+    assert "**Partial: 1 of 3 planned cells have results**" in (workdir / "report.md").read_text()
+
+    os.remove(workdir / "report.md")
+    again = prune_study.report_only(str(workdir))
+    assert again["pending"] == outcome["pending"] and again["failed"] == []
+    assert "**Partial: 1 of 3 planned cells have results**" in (workdir / "report.md").read_text()
+    assert json.loads((workdir / "summary.json").read_text())["pending"] == outcome["pending"]
+
+    rest = Counting()
+    assert prune_study.run_study(options, runner=rest, progress=False, log=lines.append)["pending"] == []
+    assert len(rest.dirs) == 2 and "Partial" not in (workdir / "report.md").read_text()
+    (workdir / "study.json").write_text("{}")
+    with pytest.raises(QrlInputError, match="is not a study plan"):
+        prune_study.report_only(str(workdir))
 
 
 def test_iqm_and_bootstrap_by_hand():
