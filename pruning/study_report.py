@@ -209,17 +209,17 @@ def learning_curves(cells: Sequence[Mapping]) -> list[dict]:
 
 
 def budget_verdicts(curves: Sequence[Mapping]) -> list[dict]:
-    """Whether each dense curve has flattened by the end of its budget B. Per seed, the gain is
+    """Whether each curve (dense and pruned) has flattened by the end of its budget B. Per seed, the gain is
     the mean score of the evaluations in the last quarter (steps > 3B/4) minus that of the
     second quarter (B/4 < steps ≤ B/2); averaging windows keeps one noisy evaluation from
     deciding. "flattened" when the mean gain over seeds is within the seeds' std of their
     last-quarter means (the late progress is not resolved above the spread between seeds), else
     "still rising" (the budget is short: pruned-vs-dense verdicts then compare unconverged runs)
-    or "falling". Curves without an evaluation in both windows get no verdict."""
+    or "falling". A pruned curve still rising where dense has flattened is one the budget may
+    under-train, which `dense_verdicts` carries into "pruned ≈ dense". Curves without an evaluation
+    in both windows get no verdict."""
     verdicts = []
     for curve in curves:
-        if curve["pruner"] != DENSE:
-            continue
         steps, per_seed = np.asarray(curve["steps"]), np.asarray(curve["per_seed"])
         budget = int(steps[-1])
         late, middle = steps > 0.75 * budget, (steps > 0.25 * budget) & (steps <= 0.5 * budget)
@@ -228,7 +228,8 @@ def budget_verdicts(curves: Sequence[Mapping]) -> list[dict]:
         late_means = per_seed[:, late].mean(axis=1)
         gain, spread = float(np.mean(late_means - per_seed[:, middle].mean(axis=1))), float(late_means.std())
         verdict = "flattened" if abs(gain) <= spread else "still rising" if gain > 0 else "falling"
-        verdicts.append({"task": curve["task"], "algo": curve["algo"], "budget": budget,
+        verdicts.append({"task": curve["task"], "algo": curve["algo"], "pruner": curve["pruner"],
+                         "sparsity": curve["sparsity"], "budget": budget,
                          "late_steps": steps[late].tolist(), "middle_steps": steps[middle].tolist(),
                          "final_mean": float(per_seed[:, -1].mean()), "late_mean": float(late_means.mean()),
                          "gain": gain, "late_std": spread, "seeds": len(per_seed), "verdict": verdict})
@@ -344,11 +345,15 @@ def _slug(*parts: str) -> str:
     return "_".join(parts).replace(":", "_").replace("/", "_")
 
 
-def dense_verdicts(rows: Sequence[Mapping]) -> list[dict]:
+def dense_verdicts(rows: Sequence[Mapping], budgets: Sequence[Mapping] = ()) -> list[dict]:
     """The claim "pruned ≈ dense" per pruned row: its score mean against its task and algorithm's
     dense row, "≈ dense" when within one dense std below the dense mean (or above it), else
-    "below dense"; `relative` is score mean / dense mean where the dense mean is positive."""
+    "below dense"; `relative` is score mean / dense mean where the dense mean is positive;
+    `curve`: the row's own `budget_verdicts` verdict where it has one ("still rising": the
+    comparison is at a budget that may under-train the pruned network), else None."""
     dense = {(row["task"], row["algo"]): row for row in rows if row["pruner"] == DENSE}
+    curve = {(budget["task"], budget["algo"], budget["pruner"], budget["sparsity"]): budget["verdict"]
+             for budget in budgets}
     verdicts = []
     for row in rows:
         reference = dense.get((row["task"], row["algo"]))
@@ -360,6 +365,7 @@ def dense_verdicts(rows: Sequence[Mapping]) -> list[dict]:
             "score_mean": row["score_mean"], "dense_mean": reference["score_mean"], "dense_std": reference["score_std"],
             "relative": row["score_mean"] / reference["score_mean"] if reference["score_mean"] > 0 else None,
             "verdict": "≈ dense" if within else "below dense",
+            "curve": curve.get((row["task"], row["algo"], row["pruner"], row["sparsity"])),
         })
     return verdicts
 
@@ -417,7 +423,8 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
     `pending`: the plan's cells without results (failed or not run yet), counted in the report."""
     rows, curves = gather(cells), learning_curves(cells)
     memory = memory_table(rows)
-    verdicts, layer_rows, budgets = dense_verdicts(rows), final_layer_rows(rows), budget_verdicts(curves)
+    budgets = budget_verdicts(curves)
+    verdicts, layer_rows = dense_verdicts(rows, budgets), final_layer_rows(rows)
     paths = {"report.md": os.path.join(study_dir, "report.md"), "summary.json": os.path.join(study_dir, "summary.json")}
     sections = []
     for task, algo in dict.fromkeys((row["task"], row["algo"]) for row in rows):
@@ -446,22 +453,26 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
            "command to run the rest.", ""] if pending else []),
         "## Scores", "", score_markdown(rows), "",
         "## Budget", "",
-        "Has the dense learning curve flattened? Gain: the mean over seeds of (mean score of the evaluations in the "
+        "Has each learning curve flattened? Gain: the mean over seeds of (mean score of the evaluations in the "
         "budget's last quarter − that of its second quarter); flattened when it is within the seeds' std of their "
-        "last-quarter means.", "",
-        _markdown(["task", "algo", "budget (steps)", "final", "last quarter", "gain (steps)", "std", "seeds",
-                   "verdict"], [[
-            budget["task"], budget["algo"], f"{budget['budget']:,}", f"{budget['final_mean']:.1f}",
+        "last-quarter means. The budget is chosen by the dense curve; a pruned curve still rising at it may be "
+        "under-trained.", "",
+        _markdown(["task", "algo", "pruner", "sparsity", "budget (steps)", "final", "last quarter", "gain (steps)",
+                   "std", "seeds", "verdict"], [[
+            budget["task"], budget["algo"], _pruner_label(budget["pruner"]), f"{budget['sparsity']:g}",
+            f"{budget['budget']:,}", f"{budget['final_mean']:.1f}",
             f"{budget['late_mean']:.1f}",
             f"{budget['gain']:+.1f} ({_window(budget['middle_steps'])} → {_window(budget['late_steps'])})",
             f"{budget['late_std']:.1f}", str(budget["seeds"]), budget["verdict"]] for budget in budgets])
         if budgets else "No dense run with two or more evaluations (set --eval_every).", "",
         "## Verdicts", "",
         "Pruned ≈ dense: the pruned score mean is at most one dense std below the dense mean (per task and "
-        "algorithm).", "",
-        _markdown(["task", "algo", "pruner", "sparsity", "score / dense", "verdict"], [[
+        "algorithm). Pruned curve: that row's own budget verdict (\"still rising\": more updates may close the gap).",
+        "",
+        _markdown(["task", "algo", "pruner", "sparsity", "score / dense", "verdict", "pruned curve"], [[
             verdict["task"], verdict["algo"], verdict["pruner"], f"{verdict['sparsity']:g}",
-            "—" if verdict["relative"] is None else f"{verdict['relative']:.2f}", verdict["verdict"]]
+            "—" if verdict["relative"] is None else f"{verdict['relative']:.2f}", verdict["verdict"],
+            verdict["curve"] or "—"]
             for verdict in verdicts]) if verdicts else "No pruned row with a dense row to compare.", "",
         f"Output layers at sparsity {LAYER_PLOT_SPARSITY:g} (mean kept fraction of the output layers, of the hidden "
         "layers, and of the whole network):", "",

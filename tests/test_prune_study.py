@@ -329,8 +329,9 @@ def test_learning_curves_and_budget_verdicts_by_hand(tmp_path):
     quarter step 4000. Task "flat": seeds end at 60 / 62 / 58 from 58 / 61 / 57 at step 2000:
     gain +1.33 ≤ std 1.63 → flattened. Task "rising": 60 / 62 / 58 from 40 / 41 / 39 → gain +20
     > 1.63 → still rising. Task "falling": from 80 / 81 / 79 → gain −20 → falling. Over 8
-    evaluations the windows average: steps 3000–4000 against 7000–8000. A pruned curve gets no
-    verdict; a cell with one evaluation makes no curve."""
+    evaluations the windows average: steps 3000–4000 against 7000–8000. The pruned curve on "flat"
+    (20 at step 2000, 30 at 4000 on every seed: gain +10 > std 0) is still rising, which its
+    "pruned ≈ dense" verdict carries; a cell with one evaluation makes no curve."""
     cells = []
     for task, middle in (("flat", [58.0, 61.0, 57.0]), ("rising", [40.0, 41.0, 39.0]), ("falling", [80.0, 81.0, 79.0])):
         for seed, (half, final) in enumerate(zip(middle, [60.0, 62.0, 58.0])):
@@ -343,8 +344,15 @@ def test_learning_curves_and_budget_verdicts_by_hand(tmp_path):
     flat = curves[("flat", "none")]
     assert flat["steps"] == [1000, 2000, 3000, 4000] and flat["mean"][1] == pytest.approx(176.0 / 3)
     assert flat["std"][-1] == pytest.approx(np.std([60.0, 62.0, 58.0]))
-    verdicts = {verdict["task"]: verdict for verdict in study_report.budget_verdicts(list(curves.values()))}
-    assert set(verdicts) == {"flat", "rising", "falling"}
+    budgets = study_report.budget_verdicts(list(curves.values()))
+    verdicts = {verdict["task"]: verdict for verdict in budgets if verdict["pruner"] == "none"}
+    assert set(verdicts) == {"flat", "rising", "falling"} and len(budgets) == 4
+    (pruned,) = [verdict for verdict in budgets if verdict["pruner"] == "snip"]
+    assert pruned["sparsity"] == 0.95 and pruned["gain"] == pytest.approx(10.0) and pruned["verdict"] == "still rising"
+    (versus_dense,) = study_report.dense_verdicts(study_report.gather(cells), budgets)
+    assert versus_dense["pruner"] == "snip" and versus_dense["verdict"] == "below dense"
+    assert versus_dense["curve"] == "still rising"
+    assert study_report.dense_verdicts(study_report.gather(cells))[0]["curve"] is None
     assert verdicts["flat"]["gain"] == pytest.approx(4.0 / 3) and verdicts["flat"]["verdict"] == "flattened"
     assert verdicts["flat"]["middle_steps"] == [2000] and verdicts["flat"]["late_steps"] == [4000]
     assert verdicts["flat"]["budget"] == 4000 and verdicts["flat"]["late_std"] == pytest.approx(np.std([60.0, 62.0, 58.0]))
@@ -363,8 +371,10 @@ def test_learning_curves_and_budget_verdicts_by_hand(tmp_path):
     assert long["verdict"] == "still rising" and long["final_mean"] == pytest.approx(27.0)
     paths = study_report.write_report(str(tmp_path), cells[:-1], [])
     report = (tmp_path / "report.md").read_text()
-    assert "| flat | bc | 4,000 | 60.0 | 60.0 | +1.3 (2,000 → 4,000) | 1.6 | 3 | flattened |" in report
-    assert "| rising | bc | 4,000 | 60.0 | 60.0 | +20.0 (2,000 → 4,000) | 1.6 | 3 | still rising |" in report
+    assert "| flat | bc | dense | 0 | 4,000 | 60.0 | 60.0 | +1.3 (2,000 → 4,000) | 1.6 | 3 | flattened |" in report
+    assert "| rising | bc | dense | 0 | 4,000 | 60.0 | 60.0 | +20.0 (2,000 → 4,000) | 1.6 | 3 | still rising |" in report
+    assert "| flat | bc | snip | 0.95 | 4,000 | 30.0 | 30.0 | +10.0 (2,000 → 4,000) | 0.0 | 3 | still rising |" in report
+    assert "| flat | bc | snip | 0.95 | 0.50 | below dense | still rising |" in report
     assert os.path.getsize(paths["learning_curves_flat_bc"]) > 0 and "plots/learning_curves_flat_bc.png" in report
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {budget["task"]: budget["verdict"] for budget in summary["budgets"]}["falling"] == "falling"
