@@ -320,6 +320,27 @@ def score_markdown(rows: Sequence[Mapping]) -> str:
     ] for row in rows])
 
 
+def score_grid_markdown(rows: Sequence[Mapping], verdicts: Sequence[Mapping] = ()) -> str:
+    """The scores as one line per (task, algo, pruner) and one column per sparsity: "mean ± std",
+    then "(score / dense)" where the dense mean is positive and † where the row is "below dense"
+    (`dense_verdicts`). The dense row fills sparsity 0."""
+    sparsities = sorted({row["sparsity"] for row in rows})
+    below = {(verdict["task"], verdict["algo"], verdict["pruner"], verdict["sparsity"]) for verdict in verdicts
+             if verdict["verdict"] == "below dense"}
+    relative = {(verdict["task"], verdict["algo"], verdict["pruner"], verdict["sparsity"]): verdict["relative"]
+                for verdict in verdicts}
+    lines: dict[tuple, dict[float, str]] = {}
+    for row in rows:
+        key = (row["task"], row["algo"], row["pruner"], row["sparsity"])
+        text = f"{row['score_mean']:.1f} ± {row['score_std']:.1f}"
+        if relative.get(key) is not None:
+            text += f" ({relative[key]:.2f})"
+        lines.setdefault(key[:3], {})[row["sparsity"]] = text + (" †" if key in below else "")
+    return _markdown(["task", "algo", "pruner", *(f"{sparsity:g}" for sparsity in sparsities)], [
+        [task, algo, _pruner_label(pruner), *(cells.get(sparsity, "") for sparsity in sparsities)]
+        for (task, algo, pruner), cells in lines.items()])
+
+
 def memory_markdown(memory: Sequence[Mapping]) -> str:
     columns = list(dict.fromkeys([*MEMORY_COLUMNS, *(name for row in memory for name in row["bytes"])]))
     columns = [name for name in columns if any(name in row["bytes"] for row in memory)]
@@ -452,6 +473,8 @@ def write_report(study_dir: str, cells: Sequence[Mapping], overlaps: Sequence[Ma
         *([f"**Partial: {len(cells)} of {len(cells) + len(pending)} planned cells have results**; rerun the study's "
            "command to run the rest.", ""] if pending else []),
         "## Scores", "", score_markdown(rows), "",
+        "Per sparsity: mean ± std (score / dense); † below dense by more than one dense std.", "",
+        score_grid_markdown(rows, verdicts), "",
         "## Budget", "",
         "Has each learning curve flattened? Gain: the mean over seeds of (mean score of the evaluations in the "
         "budget's last quarter − that of its second quarter); flattened when it is within the seeds' std of their "

@@ -308,6 +308,11 @@ def test_verdicts_dense_and_output_layers_by_hand():
     verdicts = {row["pruner"]: row for row in study_report.dense_verdicts(rows)}
     assert verdicts["snip"]["verdict"] == "≈ dense" and verdicts["snip"]["relative"] == pytest.approx(52 / 60)
     assert verdicts["grasp"]["verdict"] == "below dense"
+    grid = study_report.score_grid_markdown(rows, list(verdicts.values())).splitlines()
+    assert grid[0] == "| task | algo | pruner | 0 | 0.95 |"
+    assert grid[2] == "| pendulum | bc | dense | 60.0 ± 8.2 |  |"
+    assert grid[3] == "| pendulum | bc | snip |  | 52.0 ± 0.0 (0.87) |"
+    assert grid[4] == "| pendulum | bc | grasp |  | 40.0 ± 0.0 (0.67) † |"
     layer_rows = {row["pruner"]: row for row in study_report.final_layer_rows(rows)}
     assert layer_rows["grasp"]["output_kept"] == pytest.approx(0.5)
     assert layer_rows["grasp"]["hidden_kept"] == pytest.approx(0.04)
