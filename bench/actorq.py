@@ -519,9 +519,9 @@ def main(argv=None) -> None:
     print("\n".join(summarize(results)), flush=True)
     print(f"bench took {time.perf_counter() - started:.0f} s; {load_note()}", flush=True)
     if args.json:
-        from qrl.io import atomic_write_json
+        from bench.machine import write_json
 
-        atomic_write_json(args.json, results)
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -220,8 +220,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         results[setting] = {"steps": args.steps, "threshold": args.threshold, "runs": runs, **summary}
     print(f"bench took {time.perf_counter() - started:.0f} s; {load_note()}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as json_file:
-            json.dump({"settings": results}, json_file, indent=2)
+        from bench.machine import write_json
+
+        write_json(args.json, {"settings": results})
 
 
 if __name__ == "__main__":

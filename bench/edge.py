@@ -16,27 +16,16 @@ with the same run's fp32 export: `E = (R_fp32 - R) / |R_fp32|`, QuaRL's relative
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
-from qrl.cpu import cpu_info
+from bench.machine import record
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SCHEMES = "fp32,fp16,int8,int8-dyn,quarl_dyn8"
-
-
-def machine() -> dict:
-    """The CPU model, its ISA flags that matter for int8/bf16, cores and load."""
-    model, flags = cpu_info()
-    model, flags = model or platform.processor(), flags or set()
-    isa = [flag for flag in ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx512f", "avx2")
-           if flag in flags]
-    return {"cpu": model or platform.machine(), "isa": isa, "cpu_count": os.cpu_count(),
-            "load_average": list(os.getloadavg())}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -126,14 +115,14 @@ def main(argv=None) -> None:
         reference = fp32.get(row["run"])
         row["relative_error"] = (None if reference is None or reference == 0
                                  else (reference - row["return_mean"]) / abs(reference))
-    results = {"machine": machine(), "onnxruntime": timed["info"]["onnxruntime"], "episodes": args.episodes,
+    results = {"machine": record(threads=1), "onnxruntime": timed["info"]["onnxruntime"], "episodes": args.episodes,
                "command": " ".join(["python -m bench.edge", *sys.argv[1:]]) if argv is None else None,
                "rows": rows, "skipped": skipped}
     print(report(results), flush=True)
     if args.json:
-        from qrl.io import atomic_write_json
+        from bench.machine import write_json
 
-        atomic_write_json(args.json, results)
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -554,9 +554,9 @@ def main(argv=None) -> None:
 
     print(report(results, args), flush=True)
     if args.json:
-        from qrl.io import atomic_write_json
+        from bench.machine import write_json
 
-        atomic_write_json(args.json, results)
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

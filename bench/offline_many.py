@@ -19,12 +19,11 @@ Adam's steps let grow over a run (`qrl.offline_many`).
 """
 
 import argparse
-import json
 import time
 
 import numpy as np
 
-from bench.edge import machine
+from bench.machine import describe, record
 
 
 def synthetic_hopper(size: int, seed: int = 0):
@@ -56,8 +55,8 @@ def run(args) -> dict:
     observation_spec, action_spec = offline.env_specs(env_id)
     networks = algo.learning.networks_at_init(algo.build(config, observation_spec, action_spec).init(jax.random.PRNGKey(0)))
     rows = []
-    host = machine()
-    print(f"{host['cpu']} ({', '.join(host['isa'])}; {host['cpu_count']} cores)\n{args.algo}, {args.steps} updates per configuration, batch {config.batch_size}, "
+    host = record(threads=args.xla_threads)
+    print(f"{describe(host)}\n{args.algo}, {args.steps} updates per configuration, batch {config.batch_size}, "
           f"{args.eval_episodes} evaluation episodes at the end, {args.xla_threads} XLA thread(s)")
     for count in args.configs:
         seeds = list(range(count))
@@ -109,8 +108,9 @@ def main() -> None:
         args.set = args.set + ["hidden_sizes=16-16", "batch_size=16"] if args.algo == "bc" else args.set
     results = run(args)
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
+        from bench.machine import write_json
+
+        write_json(args.json, results, threads=args.xla_threads)
 
 
 if __name__ == "__main__":

@@ -352,9 +352,9 @@ def main(argv: Optional[list[str]] = None) -> None:
               f"of {len(measured)} rows")
     print(f"bench took {time.perf_counter() - started:.0f} s; {load_note()}", flush=True)
     if args.json:
-        from qrl import io
+        from bench.machine import write_json
 
-        io.atomic_write_json(args.json, results)
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -109,9 +109,9 @@ def main() -> None:
     runtime.configure_jax(args.xla_threads)
     results = {"memory": memory(args), "masked_cost": masked_cost(args)}
     if args.json:
-        from qrl import io
+        from bench.machine import write_json
 
-        io.atomic_write_json(args.json, results)
+        write_json(args.json, results, threads=args.xla_threads)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ activations and weights in the forward, and their straight-through backward.
 """
 
 import argparse
-import json
 import sys
 
 import flax.linen as nn
@@ -122,9 +121,10 @@ def main(argv=None) -> int:
     print(f"qat8 update / fp32 update: qat_backend=qrl {ratio:.2f}× (target ≤ {TARGET_RATIO}×: {verdict}); "
           f"qat_backend=aqt {aqt_ratio:.2f}×")
     if args.json:
-        with open(args.json, "w") as file:
-            json.dump({"batch": args.batch, "width": args.width, "seconds": results,
-                       "qat8_update_ratio": ratio, "aqt8_update_ratio": aqt_ratio}, file, indent=2)
+        from bench.machine import write_json
+
+        write_json(args.json, {"batch": args.batch, "width": args.width, "seconds": results,
+                               "qat8_update_ratio": ratio, "aqt8_update_ratio": aqt_ratio})
     return 0
 
 

@@ -252,8 +252,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         results[case_name] = {"steps": steps, "runs": runs, **summarize(case_name, case, runs)}
     print(f"bench took {time.perf_counter() - started:.0f} s; {load_note()}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as json_file:
-            json.dump(results, json_file, indent=2)
+        from bench.machine import write_json
+
+        write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ def test_quick_benchmark_prints_ratios_and_targets(tmp_path):
         assert "PASS" in line or "MISS" in line
 
     results = json.loads(json_path.read_text())
+    assert results["machine"]["isa_class"] and results["machine"]["cpu_count"] == os.cpu_count()
     assert [result["label"].split()[0] for result in results["actor"]] == ["d4pg", "dqn", "dqn"]
     assert all(values["steps_per_second"] > 0 for result in results["actor"] for values in result["precisions"].values())
     # DQN 4-256-256-2: 67,072 kernel and 514 bias values. fp16 halves every leaf; int8 keeps one

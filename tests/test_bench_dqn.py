@@ -92,8 +92,9 @@ def test_quick_benchmark_runs_qrl_without_peer(tmp_path):
     assert "nature  round 1  qrl  steps/s" in completed.stdout
     assert "nature: median steps/s: qrl" in completed.stdout
     assert completed.stdout.count("sbx not run, ratio qrl/sbx (target >= 3x): not measured") == 2
-    settings = json.loads(json_path.read_text())["settings"]
-    assert list(settings) == ["zoo", "nature"]
+    written = json.loads(json_path.read_text())
+    settings = written["settings"]
+    assert list(settings) == ["zoo", "nature"] and written["machine"]["versions"]["jax"]
     for setting, updates in (("zoo", 8 * 128), ("nature", (3000 - 1000) // 4 + 1)):
         (run,) = settings[setting]["runs"]
         assert run["agent"] == "qrl" and run["env_steps"] == 3000 and run["updates"] == updates

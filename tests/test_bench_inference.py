@@ -77,6 +77,7 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
     assert "parameter bytes" in output and "  MLP: fp32 287768 (1.00)" in output
 
     results = json.loads(json_path.read_text())
+    assert results["machine"]["kind"].endswith(f"{os.cpu_count()} cores")
     for model in ("mlp", "cnn"):
         latency = results[model]["latency_us"]
         assert set(JAX_ROWS) <= {f"jax {name} " for name in latency}

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from bench.machine import record
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -22,6 +24,7 @@ def test_sampling_bench_compares_a_sample_with_a_bc_update(tmp_path):
     results = json.loads((tmp_path / "sampling.json").read_text())
     assert set(results["per_step_seconds"]) == {"sample", "bc_update", "bc_update_sampling"}
     assert results["sample_over_update"] == results["per_step_seconds"]["sample"] / results["per_step_seconds"]["bc_update"]
+    assert results["machine"]["kind"] == record()["kind"] and results["machine"]["threads"] == 1
 
 
 def test_pruning_bench_prints_memory_per_format_and_masked_cost(tmp_path):
@@ -31,6 +34,7 @@ def test_pruning_bench_prints_memory_per_format_and_masked_cost(tmp_path):
     results = json.loads((tmp_path / "pruning.json").read_text())
     assert [row["sparsity"] for row in results["memory"]] == [0.5, 0.8, 0.9, 0.95, 0.98, 0.99]
     assert len(results["memory"][0]["table"]) == 8
+    assert results["machine"]["kind"] == record()["kind"]
 
 
 def test_throughput_bench_times_every_offline_agent_and_skips_a_missing_d3rlpy(tmp_path):
@@ -45,6 +49,7 @@ def test_throughput_bench_times_every_offline_agent_and_skips_a_missing_d3rlpy(t
         "BC", "TD3+BC", "TD3+BC, matmul_dtype=bf16", "IQL", "IQL, matmul_dtype=bf16", "BCQ", bcq_bf16]
     assert all(row["qrl_steps_per_second"] > 0 and row["ratio"] is None for row in results["rows"])
     assert results["setup"]["d3rlpy"] is None and results["setup"]["xla_threads"] == 1
+    assert results["machine"]["cpu"] == record()["cpu"]
 
 
 def test_offline_many_bench_times_one_program_against_sequential_cells(tmp_path):
@@ -54,3 +59,4 @@ def test_offline_many_bench_times_one_program_against_sequential_cells(tmp_path)
     row = results["rows"][0]
     assert row["configurations"] == 2 and row["gain"] == row["sequential_seconds"] / row["one_program_seconds"]
     assert row["max_param_difference"] < 1e-4
+    assert results["machine"]["kind"] == record()["kind"] and results["machine"]["threads"] == 1

@@ -386,6 +386,7 @@ def test_edge_bench_tabulates_bytes_latency_and_return_per_format(dqn_run, offli
         cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads(json_path.read_text())
+    assert results["machine"]["threads"] == 1 and results["machine"]["isa_class"]
     rows = {(row["run"], row["scheme"], row["runtime"]): row for row in results["rows"]}
     assert set(rows) == {("dqn", "fp32", "onnxruntime"), ("dqn", "int8", "onnxruntime"),
                          ("bcq", "fp32", "onnxruntime"), ("bcq", "fp32", "csr")}
