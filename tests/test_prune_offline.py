@@ -202,7 +202,7 @@ def test_bcq_prunes_every_network_and_accounts_the_networks_it_acts_with(dataset
 
 
 def test_bcq_vae_parts_thresholded_separately_keep_each_its_share(dataset_file, tmp_path):
-    """One threshold over BCQ's VAE may empty a part (see the README's study); with
+    """One threshold over BCQ's VAE may empty a part (see agents/bcq/README.md); with
     `separate=("vae/encoder", "vae/decoder")` the encoder and the decoder each keep 10%."""
     from launch.prune_runs import PruneRun, read_masks, run_prune_offline
 
