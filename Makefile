@@ -9,7 +9,7 @@ BENCH_VENV := .venv-bench
 export PYTHONPATH := $(CURDIR)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv venv-cuda demo test test-all bench bench-deps clean
+.PHONY: venv venv-cuda demo test test-all bench bench-deps bench-record bench-check bench-tables clean
 
 $(INSTALLED): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,17 @@ bench: $(INSTALLED) $(BENCH_VENV)/.installed
 	$(PY) -m bench.qat_overhead
 	$(PY) -m bench.actorq
 	$(PY) -m bench.offline_throughput --bf16 --peer_python=$(BENCH_VENV)/bin/python
+
+# Store this machine kind's figures (results/bench/<kind>/), compare a fresh run with them (prints
+# what moved by more than 15%; exit 1 when anything did), regenerate the README's tables.
+bench-record: $(INSTALLED) $(BENCH_VENV)/.installed
+	$(PY) -m bench.suite --record
+
+bench-check: $(INSTALLED) $(BENCH_VENV)/.installed
+	$(PY) -m bench.suite --check
+
+bench-tables: $(INSTALLED)
+	$(PY) -m bench.tables
 
 clean:
 	rm -rf runs MUJOCO_LOG.TXT

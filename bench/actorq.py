@@ -465,6 +465,29 @@ def _verdict(passed: bool) -> str:
     return "PASS" if passed else "MISS"
 
 
+def headline_cells(results: dict) -> list[dict]:
+    """The README's figures (`bench.tables` cells): actor env steps/s per precision (ratio to
+    fp32), bytes per publish (ratio to fp32), and the update's (pull + deserialize + load) ms
+    with its speedup over fp32 -> fp32."""
+    from bench.tables import cell
+
+    cells = []
+    for result in results["actor"]:
+        for precision, values in result["precisions"].items():
+            cells.append(cell("actor env steps/s", result["label"], precision, values["steps_per_second"], "steps/s",
+                              1.0 if precision == "fp32" else result["ratio_to_fp32"][precision]))
+    for label, result in results["bytes"].items():
+        for variant, size in result["bytes"].items():
+            cells.append(cell("bytes per publish", label, variant, size, "bytes", result["ratio_to_fp32"][variant]))
+    for where in ("in_process", "ray"):
+        for label, result in (results.get(where) or {}).get("nets", {}).items():
+            for variant, values in result.items():
+                if isinstance(values, dict) and "ms" in values:
+                    cells.append(cell("update ms (speedup vs fp32 -> fp32)", f"{where.replace('_', '-')} {label}",
+                                      variant, values["ms"], "ms", values.get("speedup_vs_fp32")))
+    return cells
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     from qrl import runtime
@@ -521,7 +544,7 @@ def main(argv=None) -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results)
+        write_json(args.json, results, cells=headline_cells(results))
 
 
 if __name__ == "__main__":

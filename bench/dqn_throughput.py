@@ -222,7 +222,14 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, {"settings": results})
+        from bench.tables import cell
+
+        cells = []
+        for setting, result in results.items():
+            for name, rate in result["medians"].items():
+                cells.append(cell("DQN steps/s against sbx", setting, f"{name} steps/s", rate, "steps/s"))
+            cells.append(cell("DQN steps/s against sbx", setting, "qrl / sbx", result["ratio"], "×"))
+        write_json(args.json, {"settings": results}, cells=cells)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,25 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def headline_cells(results: dict) -> list[dict]:
+    """The README's figures (`bench.tables` cells) per exported policy: bytes, p50 / p99 µs at batch 1
+    (p50 with its ratio to the same run's fp32 under ONNX Runtime) and the return."""
+    from bench.tables import cell
+
+    fp32_p50 = {row["run"]: row["p50_us"] for row in results["rows"]
+                if row["scheme"] == "fp32" and row["runtime"] == "onnxruntime"}
+    cells = []
+    for row in results["rows"]:
+        name = f"{row['run']} {row['scheme']} ({row['runtime']})"
+        reference = fp32_p50.get(row["run"])
+        cells += [cell("edge policies, batch 1", name, "bytes", row["bytes"], "bytes"),
+                  cell("edge policies, batch 1", name, "p50 µs", row["p50_us"], "µs",
+                       None if not reference else row["p50_us"] / reference),
+                  cell("edge policies, batch 1", name, "p99 µs", row["p99_us"], "µs"),
+                  cell("edge policies, batch 1", name, "return", row["return_mean"], "return")]
+    return cells
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as directory:
@@ -122,7 +141,7 @@ def main(argv=None) -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results)
+        write_json(args.json, results, cells=headline_cells(results))
 
 
 if __name__ == "__main__":

@@ -503,6 +503,27 @@ def report(results: dict, args) -> str:
     return "\n".join(lines)
 
 
+def headline_cells(results: dict) -> list[dict]:
+    """The README's figures (`bench.tables` cells): median wall µs per call with the ratio to fp32
+    at the same batch, for the MLP (JAX, and ONNX Runtime / numpy against ORT fp32), the CNN and
+    the exported policies (against each model's exported fp32)."""
+    from bench.tables import grid
+
+    batch = lambda value: f"batch {value}"  # noqa: E731
+    mlp, cnn, ort = results["mlp"], results["cnn"], results.get("onnx", {})
+    cells = grid("MLP latency", {f"jax {name}": row for name, row in mlp["latency_us"].items()}, "µs",
+                 {f"jax {name}": row for name, row in mlp["ratio_to_fp32"].items()}, batch)
+    if "latency_us" in ort:
+        cells += grid("MLP latency", ort["latency_us"], "µs", ort["latency_ratio_to_ort_fp32"], batch)
+    cells += grid("CNN latency", {f"jax {name}": row for name, row in cnn["latency_us"].items()}, "µs",
+                  {f"jax {name}": row for name, row in cnn["ratio_to_fp32"].items()}, batch)
+    exported = results.get("exported", {})
+    for model, latency in exported.get("latency_us", {}).items():
+        cells += grid("exported latency", {f"{model} {scheme}": row for scheme, row in latency.items()}, "µs",
+                      {f"{model} {scheme}": row for scheme, row in exported["ratio_to_fp32"][model].items()}, batch)
+    return cells
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     jax = configure_jax(args)
@@ -556,7 +577,7 @@ def main(argv=None) -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results)
+        write_json(args.json, results, cells=headline_cells(results))
 
 
 if __name__ == "__main__":

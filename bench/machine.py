@@ -80,11 +80,13 @@ def describe(machine: Mapping[str, Any]) -> str:
             f"{machine['cpu_count']} cores, load {load[0]:.1f})")
 
 
-def write_json(path: str, results: Mapping[str, Any], threads: Optional[int] = None) -> None:
+def write_json(path: str, results: Mapping[str, Any], threads: Optional[int] = None,
+               cells: Optional[list] = None) -> None:
     """Writes `results` to `path` atomically, in the order they were measured, with this
     machine's `record` under "machine" (a machine the benchmark recorded itself, at its start, is
-    kept)."""
+    kept) and the headline figures `cells` (`bench.tables.cell` records: what the README's tables
+    and `make bench-check` read)."""
     from qrl.io import atomic_write_text, to_json_compatible
 
-    results = {**results, "machine": results.get("machine") or record(threads)}
+    results = {**results, "cells": list(cells or []), "machine": results.get("machine") or record(threads)}
     atomic_write_text(path, json.dumps(to_json_compatible(results), indent=2) + "\n")

@@ -150,6 +150,23 @@ def generation(args) -> dict:
     return {"generation": rows}
 
 
+def headline_cells(results: dict) -> list[dict]:
+    """The README's figures (`bench.tables` cells): µs per step of sampling and updates, and the
+    sample / update ratio; or per env the SAC training minutes and each level's seconds."""
+    from bench.tables import cell
+
+    if "per_step_seconds" in results:
+        cells = [cell("offline sampling", name, "µs per step", seconds * 1e6, "µs")
+                 for name, seconds in results["per_step_seconds"].items()]
+        return cells + [cell("offline sampling", "sample / BC update", "ratio", results["sample_over_update"], "×")]
+    cells = []
+    for row in results["generation"]:
+        cells.append(cell("dataset generation", row["env"], "SAC minutes", row["train_seconds"] / 60, "min"))
+        cells += [cell("dataset generation", row["env"], f"{level} s", values["seconds"], "s")
+                  for level, values in row["levels"].items()]
+    return cells
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=("sampling", "generation"))
@@ -180,7 +197,7 @@ def main() -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results, threads=args.xla_threads)
+        write_json(args.json, results, threads=args.xla_threads, cells=headline_cells(results))
 
 
 if __name__ == "__main__":

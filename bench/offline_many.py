@@ -110,7 +110,16 @@ def main() -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results, threads=args.xla_threads)
+        from bench.tables import cell
+
+        table = f"{results['algo']} configurations as one program, {results['steps']} updates"
+        cells = []
+        for row in results["rows"]:
+            name = f"{row['configurations']} configurations"
+            cells += [cell(table, name, "one program s", row["one_program_seconds"], "s"),
+                      cell(table, name, "sequential s", row["sequential_seconds"], "s"),
+                      cell(table, name, "gain", row["gain"], "×")]
+        write_json(args.json, results, threads=args.xla_threads, cells=cells)
 
 
 if __name__ == "__main__":

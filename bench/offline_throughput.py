@@ -354,7 +354,16 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results)
+        from bench.tables import cell
+
+        cells = []
+        for row in results["rows"]:
+            name = f"{LABELS[row['algo']]} {row['name']}"
+            cells += [cell("offline steps/s against d3rlpy", name, "qrl steps/s", row["qrl_steps_per_second"], "steps/s"),
+                      cell("offline steps/s against d3rlpy", name, "d3rlpy steps/s", row["d3rlpy_steps_per_second"],
+                           "steps/s"),
+                      cell("offline steps/s against d3rlpy", name, "qrl / d3rlpy", row["ratio"], "×")]
+        write_json(args.json, results, cells=cells)
 
 
 if __name__ == "__main__":

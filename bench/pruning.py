@@ -111,7 +111,15 @@ def main() -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results, threads=args.xla_threads)
+        from bench.tables import cell
+
+        cells = [cell("policy bytes, 11-256-256-3", f"sparsity {row['sparsity']}", f"{entry['format']} {entry['precision']}",
+                      entry["bytes"], "bytes", entry["vs_dense_fp32"]) for row in results["memory"] for entry in row["table"]]
+        cost = results["masked_cost"]
+        cells += [cell("BC update under a mask", "BC 256-256, batch 256", f"{name} µs", seconds * 1e6, "µs")
+                  for name, seconds in cost["per_update_seconds"].items()]
+        cells.append(cell("BC update under a mask", "BC 256-256, batch 256", "masked / dense", cost["masked_over_dense"], "×"))
+        write_json(args.json, results, threads=args.xla_threads, cells=cells)
 
 
 if __name__ == "__main__":

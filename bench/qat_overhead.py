@@ -123,8 +123,12 @@ def main(argv=None) -> int:
     if args.json:
         from bench.machine import write_json
 
+        from bench.tables import cell
+
+        cells = [cell(f"QAT cost, MLP {args.width}-{args.width}, batch {args.batch}", name, part, times[name] * 1e6,
+                      "µs", times[name] / times["fp32"]) for name in candidates for part, times in results.items()]
         write_json(args.json, {"batch": args.batch, "width": args.width, "seconds": results,
-                               "qat8_update_ratio": ratio, "aqt8_update_ratio": aqt_ratio})
+                               "qat8_update_ratio": ratio, "aqt8_update_ratio": aqt_ratio}, cells=cells)
     return 0
 
 

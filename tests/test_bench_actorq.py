@@ -45,5 +45,9 @@ def test_quick_benchmark_prints_ratios_and_targets(tmp_path):
     # byte per kernel value plus an fp32 bias and an fp32 kernel scale per output unit:
     # (67,072 + 8 * 514) / (4 * 67,586) = 0.263 before msgpack's few bytes per leaf.
     paper_dqn = results["bytes"]["dqn 256-256"]
+    cells = {(record["table"], record["row"], record["column"]): record for record in results["cells"]}
+    assert cells[("bytes per publish", "dqn 256-256", "int8")]["ratio"] == paper_dqn["ratio_to_fp32"]["int8"]
+    assert {record["table"] for record in results["cells"]} >= {"actor env steps/s", "bytes per publish",
+                                                                 "update ms (speedup vs fp32 -> fp32)"}
     assert 0.49 < paper_dqn["ratio_to_fp32"]["fp16"] < 0.51
     assert 0.262 < paper_dqn["ratio_to_fp32"]["int8"] < 0.27

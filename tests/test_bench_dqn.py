@@ -95,6 +95,9 @@ def test_quick_benchmark_runs_qrl_without_peer(tmp_path):
     written = json.loads(json_path.read_text())
     settings = written["settings"]
     assert list(settings) == ["zoo", "nature"] and written["machine"]["versions"]["jax"]
+    assert [(record["row"], record["column"], record["value"] is None) for record in written["cells"]] == [
+        ("zoo", "qrl steps/s", False), ("zoo", "qrl / sbx", True), ("nature", "qrl steps/s", False),
+        ("nature", "qrl / sbx", True)]
     for setting, updates in (("zoo", 8 * 128), ("nature", (3000 - 1000) // 4 + 1)):
         (run,) = settings[setting]["runs"]
         assert run["agent"] == "qrl" and run["env_steps"] == 3000 and run["updates"] == updates

@@ -86,6 +86,11 @@ def test_quick_benchmark_prints_every_row_and_writes_json(tmp_path):
         sizes = results[model]["param_bytes"]
         assert sizes["int8-static"] < 0.3 * sizes["fp32"] and sizes["bf16"] == sizes["fp32"] // 2
     assert results["mlp"]["max_abs_error_vs_fp32"]["int8-static"]["32"] < 0.1
+    cells = {(record["table"], record["row"], record["column"]): record for record in results["cells"]}
+    int8 = cells[("MLP latency", "jax int8-static", "batch 32")]
+    assert int8["value"] == results["mlp"]["latency_us"]["int8-static"]["32"] and int8["unit"] == "µs"
+    assert int8["ratio"] == results["mlp"]["ratio_to_fp32"]["int8-static"]["32"]
+    assert cells[("CNN latency", "jax fp32", "batch 1")]["ratio"] == 1.0
     if HAS_ONNX:
         for row in ORT_ROWS:
             assert row in mlp_table

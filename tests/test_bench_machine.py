@@ -40,7 +40,7 @@ def test_write_json_adds_the_machine_and_keeps_one_recorded_at_the_start(tmp_pat
     path = tmp_path / "bench.json"
     machine.write_json(str(path), {"rows": [1, 2]}, threads=1)
     written = json.loads(path.read_text())
-    assert written["rows"] == [1, 2] and written["machine"]["threads"] == 1
+    assert written["rows"] == [1, 2] and written["machine"]["threads"] == 1 and written["cells"] == []
     early = {"cpu": "recorded before the run", "kind": "AVX2, 2 cores"}
     machine.write_json(str(path), {"rows": [], "machine": early})
     assert json.loads(path.read_text())["machine"] == early
@@ -48,8 +48,8 @@ def test_write_json_adds_the_machine_and_keeps_one_recorded_at_the_start(tmp_pat
 
 
 def test_every_benchmark_that_writes_json_writes_it_with_its_machine():
-    """A benchmark with a --json flag writes through `machine.write_json` (or records the machine
-    itself), so no figure leaves without its machine."""
+    """A benchmark with a --json flag writes through `machine.write_json` with its headline cells,
+    so no figure leaves without its machine and every one can reach the README's tables."""
     bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
     writers = []
     for name in sorted(os.listdir(bench_dir)):
@@ -58,4 +58,5 @@ def test_every_benchmark_that_writes_json_writes_it_with_its_machine():
             if '"--json"' in source:
                 writers.append(name)
                 assert "write_json(args.json" in source, f"bench/{name} writes --json without its machine"
+                assert "cells=" in source, f"bench/{name} writes --json without its headline cells (bench.tables)"
     assert len(writers) >= 10

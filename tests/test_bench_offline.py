@@ -25,6 +25,8 @@ def test_sampling_bench_compares_a_sample_with_a_bc_update(tmp_path):
     assert set(results["per_step_seconds"]) == {"sample", "bc_update", "bc_update_sampling"}
     assert results["sample_over_update"] == results["per_step_seconds"]["sample"] / results["per_step_seconds"]["bc_update"]
     assert results["machine"]["kind"] == record()["kind"] and results["machine"]["threads"] == 1
+    ratio = next(cell for cell in results["cells"] if cell["row"] == "sample / BC update")
+    assert ratio["value"] == results["sample_over_update"] and ratio["unit"] == "×"
 
 
 def test_pruning_bench_prints_memory_per_format_and_masked_cost(tmp_path):
@@ -34,6 +36,8 @@ def test_pruning_bench_prints_memory_per_format_and_masked_cost(tmp_path):
     results = json.loads((tmp_path / "pruning.json").read_text())
     assert [row["sparsity"] for row in results["memory"]] == [0.5, 0.8, 0.9, 0.95, 0.98, 0.99]
     assert len(results["memory"][0]["table"]) == 8
+    at_95 = {cell["column"]: cell for cell in results["cells"] if cell["row"] == "sparsity 0.95"}
+    assert len(at_95) == 8 and at_95["dense fp32"]["ratio"] == 1.0 and at_95["csr int8"]["ratio"] < 0.1
     assert results["machine"]["kind"] == record()["kind"]
 
 
@@ -49,6 +53,7 @@ def test_throughput_bench_times_every_offline_agent_and_skips_a_missing_d3rlpy(t
         "BC", "TD3+BC", "TD3+BC, matmul_dtype=bf16", "IQL", "IQL, matmul_dtype=bf16", "BCQ", bcq_bf16]
     assert all(row["qrl_steps_per_second"] > 0 and row["ratio"] is None for row in results["rows"])
     assert results["setup"]["d3rlpy"] is None and results["setup"]["xla_threads"] == 1
+    assert [cell["value"] for cell in results["cells"] if cell["column"] == "qrl / d3rlpy"] == [None] * 7
     assert results["machine"]["cpu"] == record()["cpu"]
 
 
@@ -59,4 +64,6 @@ def test_offline_many_bench_times_one_program_against_sequential_cells(tmp_path)
     row = results["rows"][0]
     assert row["configurations"] == 2 and row["gain"] == row["sequential_seconds"] / row["one_program_seconds"]
     assert row["max_param_difference"] < 1e-4
+    gain = next(cell for cell in results["cells"] if cell["column"] == "gain")
+    assert gain["row"] == "2 configurations" and gain["value"] == row["gain"]
     assert results["machine"]["kind"] == record()["kind"] and results["machine"]["threads"] == 1

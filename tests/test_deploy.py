@@ -395,6 +395,10 @@ def test_edge_bench_tabulates_bytes_latency_and_return_per_format(dqn_run, offli
     for row in results["rows"]:
         assert 0 < row["p50_us"] <= row["p99_us"] and np.isfinite(row["return_mean"])
     assert rows[("dqn", "fp32", "onnxruntime")]["relative_error"] == 0.0
+    p50 = {record["row"]: record for record in results["cells"] if record["column"] == "p50 µs"}
+    assert p50["dqn fp32 (onnxruntime)"]["ratio"] == 1.0 and p50["bcq fp32 (csr)"]["value"] == rows[("bcq", "fp32", "csr")]["p50_us"]
+    assert p50["dqn int8 (onnxruntime)"]["ratio"] == pytest.approx(
+        rows[("dqn", "int8", "onnxruntime")]["p50_us"] / rows[("dqn", "fp32", "onnxruntime")]["p50_us"])
     # The CSR runtime runs the same pruned policy: the same episodes, the same return.
     assert rows[("bcq", "fp32", "csr")]["return_mean"] == pytest.approx(rows[("bcq", "fp32", "onnxruntime")]["return_mean"], rel=1e-3)
     assert results["machine"]["cpu"] and "skipped bcq int8: bcq exports at fp32 only" in completed.stdout
