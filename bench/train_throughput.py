@@ -12,6 +12,13 @@ Cases (`--case`, comma-separated, or `all`):
   equal return.
 - `ppo_device`: PPO on gymnax CartPole-v1 fully on device (`make_train`, one jit) vs the same
   PPO config on gymnasium CartPole-v1 through the host loop. Target ≥ 100k env steps/s.
+- `dqn_device`, `ppo_rejax`: DQN and PPO on gymnax CartPole-v1 fully on device against rejax
+  (`bench/rejax_peer.py`, its own `train` under one jit) at rejax's CartPole configs
+  (`configs/gymnax/cartpole.yaml` in its repository), set in qrl's names. DQN: 10 envs, 5
+  updates per 10 steps, batch 100, buffer 50k from 5k steps, dueling 64-64, lr 1e-3, Polyak 0.98
+  once per 5 updates, epsilon 1 -> 0.05 over half the run, double Q; qrl keeps its ReLU and Huber
+  loss where rejax has swish and an L2 loss. PPO: 5 envs x 100 steps, 5 epochs of 5 minibatches,
+  lr 7.5e-4, entropy 0.01, 64-64 tanh. Compilation excluded on both sides. Target >= 1x.
 - `qat`: DQN (zoo preset) and PPO (zoo preset) on CartPole in fp32 and with 8-bit QAT from step
   0: the training-time cost of fake quantization, as a steps/s ratio.
 
@@ -39,6 +46,8 @@ from typing import Optional
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PEER_PYTHON = os.path.join(REPO_ROOT, ".venv-bench", "bin", "python")
 PEER_SCRIPT = os.path.join(REPO_ROOT, "bench", "sbx_peer.py")
+REJAX_PEER_SCRIPT = os.path.join(REPO_ROOT, "bench", "rejax_peer.py")
+PEER_KINDS = ("sbx", "rejax")
 CHECK_EVERY = 1_000
 
 PPO_ZOO_SBX = {
@@ -49,10 +58,28 @@ PPO_ZOO_SBX = {
 SAC_SBX = {"pendulum": {"learning_rate": 1e-3, "learning_starts": 100},
            "halfcheetah": {"learning_starts": 5_000}}
 
+# rejax's gymnax CartPole configs (configs/gymnax/cartpole.yaml), and the same runs in qrl's names.
+DQN_REJAX = {"agent": "DuelingQNetwork", "agent_kwargs": {"activation": "swish"}, "num_envs": 10, "buffer_size": 50_000,
+             "fill_buffer": 5_000, "batch_size": 100, "max_grad_norm": 10, "learning_rate": 1e-3, "num_epochs": 5,
+             "polyak": 0.98, "eps_start": 1, "eps_end": 0.05, "exploration_fraction": 0.5, "gamma": 0.99, "ddqn": True,
+             "normalize_observations": False}
+DQN_REJAX_IN_QRL = {"hidden_sizes": (64, 64), "dueling": True, "batch_size": 100, "buffer_size": 50_000,
+                    "learning_starts": 5_000, "learning_rate": 1e-3, "max_grad_norm": 10.0, "train_freq": 10,
+                    "gradient_steps": 5, "target_update_period": 5, "tau": 0.02, "exploration_initial_eps": 1.0,
+                    "exploration_final_eps": 0.05, "exploration_fraction": 0.5, "gamma": 0.99, "double_q": True}
+PPO_REJAX = {"agent_kwargs": {"activation": "tanh"}, "num_envs": 5, "num_steps": 100, "num_epochs": 5,
+             "num_minibatches": 5, "learning_rate": 7.5e-4, "max_grad_norm": 0.5, "gamma": 0.99, "gae_lambda": 0.95,
+             "clip_eps": 0.2, "ent_coef": 0.01, "vf_coef": 0.5}
+PPO_REJAX_IN_QRL = {"num_envs": 5, "num_steps": 100, "num_epochs": 5, "batch_size": 100, "learning_rate": 7.5e-4,
+                    "max_grad_norm": 0.5, "gamma": 0.99, "gae_lambda": 0.95, "clip_range": 0.2, "ent_coef": 0.01,
+                    "vf_coef": 0.5, "hidden_sizes": (64, 64), "activation": "tanh", "learning_rate_schedule": "constant",
+                    "clip_range_vf": 0.2}
+
 # case -> (env id, steps, quick steps, threshold, target, baseline candidate (or a map from
 # candidate to its own baseline), candidates).
 # A candidate is (name, kind, spec): kind "qrl" trains agent spec["agent"] with spec["overrides"]
-# on spec["env"] (default: the case's env); kind "sbx" runs the peer with spec as hyperparameters.
+# on spec["env"] (default: the case's env) with spec["num_envs"] environments where given; kinds
+# "sbx" and "rejax" run that peer with spec as hyperparameters.
 CASES: dict[str, dict] = {
     "ppo_cartpole": dict(
         env="gym:CartPole-v1", steps=100_000, quick_steps=4_096, threshold=475.0, target=3.0, baseline="sbx",
@@ -80,6 +107,20 @@ CASES: dict[str, dict] = {
             ("qrl device", "qrl", {"agent": "ppo", "overrides": {}}),
             ("qrl host", "qrl", {"agent": "ppo", "env": "gym:CartPole-v1", "preset_of": "gymnax:CartPole-v1",
                                  "overrides": {}}),
+        ],
+    ),
+    "dqn_device": dict(
+        env="gymnax:CartPole-v1", steps=100_000, quick_steps=6_000, threshold=475.0, target=1.0, baseline="rejax",
+        candidates=[
+            ("qrl device", "qrl", {"agent": "dqn", "overrides": DQN_REJAX_IN_QRL, "num_envs": 10}),
+            ("rejax", "rejax", {"algo": "dqn", **DQN_REJAX}),
+        ],
+    ),
+    "ppo_rejax": dict(
+        env="gymnax:CartPole-v1", steps=100_000, quick_steps=1_000, threshold=475.0, target=1.0, baseline="rejax",
+        candidates=[
+            ("qrl device", "qrl", {"agent": "ppo", "overrides": PPO_REJAX_IN_QRL}),
+            ("rejax", "rejax", {"algo": "ppo", **PPO_REJAX}),
         ],
     ),
     "qat": dict(
@@ -123,8 +164,9 @@ def train_qrl(spec: dict, env_id: str, steps: int, seed: int, eval_episodes: int
     agent = get_agent(spec["agent"])
     config = agent.config_for(spec.get("preset_of", env_id), spec["overrides"])
     with tempfile.TemporaryDirectory(prefix="qrl-train-bench-") as workdir:
+        extra = {"num_envs": spec["num_envs"]} if "num_envs" in spec else {}
         _, results = agent.train(env_id, config, steps=steps, seed=seed, workdir=workdir,
-                                 eval_episodes=eval_episodes, log_every=CHECK_EVERY, progress=False)
+                                 eval_episodes=eval_episodes, log_every=CHECK_EVERY, progress=False, **extra)
         seconds_to_threshold = first_crossing(os.path.join(workdir, "metrics.csv"), threshold)
     return {
         "env_steps": results["env_steps"], "train_seconds": results["train_seconds"],
@@ -143,10 +185,11 @@ def run_child(command: list[str]) -> dict:
 def candidate_command(args, case_name: str, case: dict, name: str, kind: str, spec: dict, seed: int, steps: int) -> list[str]:
     common = [f"--steps={steps}", f"--seed={seed}", f"--eval-episodes={args.eval_episodes}",
               f"--threshold={case['threshold']}"]
-    if kind == "sbx":
+    if kind in PEER_KINDS:
         hyperparameters = {key: value for key, value in spec.items() if key != "algo"}
         gym_id = case["env"].split(":", 1)[1]
-        return [args.peer_python, PEER_SCRIPT, f"--algo={spec['algo']}", f"--env={gym_id}",
+        script = PEER_SCRIPT if kind == "sbx" else REJAX_PEER_SCRIPT
+        return [args.peer_python, script, f"--algo={spec['algo']}", f"--env={gym_id}",
                 f"--hyperparameters={json.dumps(hyperparameters)}", *common]
     return [sys.executable, "-m", "bench.train_throughput", f"--child={case_name}/{name}", *common]
 
@@ -243,7 +286,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             seed = args.seed + round_index - 1
             candidates = case["candidates"][round_index % 2:] + case["candidates"][:round_index % 2]
             for name, kind, spec in candidates:
-                if kind == "sbx" and not has_peer:
+                if kind in PEER_KINDS and not has_peer:
                     continue
                 result = run_child(candidate_command(args, case_name, case, name, kind, spec, seed, steps))
                 result.update(round=round_index, name=name)
@@ -254,7 +297,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     if args.json:
         from bench.machine import write_json
 
-        write_json(args.json, results)
+        from bench.tables import cell
+
+        cells = [cell("training steps/s", f"{case_name}: {name}", "steps/s", rate, "steps/s",
+                      result["ratios"].get(name))
+                 for case_name, result in results.items() for name, rate in result["medians"].items()]
+        write_json(args.json, results, cells=cells)
 
 
 if __name__ == "__main__":

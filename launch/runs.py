@@ -162,6 +162,8 @@ def train_run(
     env.close()
     config = agent.config_for(env_id, overrides or {})
     check_run_config(config, steps, train_options.get("num_envs"))
+    if hasattr(agent, "check_config"):  # what an agent cannot do with this config on this env.
+        agent.check_config(env_id, config)
     run_config = {
         "agent": agent_name,
         "env": env_id,

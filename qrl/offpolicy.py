@@ -73,6 +73,11 @@ class OffPolicyAgent:
       policy_params: `state -> the actor's params`.
       update_count: `state -> int32 count of updates taken`.
       quant_ranges: `state -> the QAT actor's input ranges` (`{}` without QAT).
+      explore: on-device exploration draws, `(key, num_envs, env_steps) -> noise` for `act`
+        (`env_steps`: int32 steps taken so far, for a schedule such as DQN's epsilon); None:
+        standard-normal noise `[N, A]`.
+      random_act: on-device warm-up actions, `(key, num_envs) -> actions [N, ...]`; None:
+        uniform in the action bounds (continuous actions).
     """
 
     name: str
@@ -83,6 +88,8 @@ class OffPolicyAgent:
     policy_params: Callable[[Any], Any]
     update_count: Callable[[Any], jax.Array]
     quant_ranges: Callable[[Any], Any] = lambda state: state.quant_ranges
+    explore: Optional[Callable[[jax.Array, int, jax.Array], Any]] = None
+    random_act: Optional[Callable[[jax.Array, int], jax.Array]] = None
 
 
 BuildFn = Callable[[Any, Any, Any], OffPolicyAgent]  # (config, observation_spec, action_spec)
@@ -419,8 +426,14 @@ def make_train(
     num_envs = env.num_envs
     schedule = DeviceSchedule.for_run(config, num_envs, steps)
     action_spec = env.action_spec()
-    low, high = (jnp.asarray(bound) for bound in _bounds(action_spec))
+    random_act, explore = agent.random_act, agent.explore
     action_shape = (num_envs,) + tuple(action_spec.shape)
+    if random_act is None:
+        low, high = (jnp.asarray(bound) for bound in _bounds(action_spec))
+        random_act = lambda key, n: jax.random.uniform(key, action_shape, jnp.float32, low, high)  # noqa: E731
+    if explore is None:
+        explore = lambda key, n, env_steps: jax.random.normal(key, action_shape, jnp.float32)  # noqa: E731
+    action_example = jax.eval_shape(lambda key: random_act(key, num_envs), jax.random.PRNGKey(0))
     replay = DeviceReplay(config.buffer_size, num_envs)
     precisions = _qat_precisions(config)
     float_acting = (agent.act(None), agent.policy_params)
@@ -428,14 +441,13 @@ def make_train(
         roles = range_roles(agent.quant_ranges(jax.jit(agent.init)(jax.random.PRNGKey(0))))
         quantized_acting = (agent.act(serving_precision(config.qat_bits)), _quantized_acting(agent, config, roles))
 
-    def env_step(carry, act, acting_params):
+    def env_step(carry, act, acting_params, env_steps):
         state, env_state, observations, replay_state, window, stats, key = carry
         key, noise_key, step_key = jax.random.split(key, 3)
         if act is None:
-            actions = jax.random.uniform(noise_key, action_shape, jnp.float32, low, high)
+            actions = random_act(noise_key, num_envs)
         else:
-            noise = jax.random.normal(noise_key, action_shape, jnp.float32)
-            actions = act(acting_params, observations, noise)
+            actions = act(acting_params, observations, explore(noise_key, num_envs, env_steps))
         env_state, timestep = env.step(env_state, actions, step_key)
         done = timestep.step_type == 2
         window, transition, valid = nstep_window_push(
@@ -446,10 +458,14 @@ def make_train(
         stats = _record_episodes(stats, timestep.reward, done)
         return (state, env_state, timestep.observation, replay_state, window, stats, key)
 
-    def iteration(carry, acting, update):
-        """One rollout with `acting = (act, state -> acting params)` (None: uniform), then updates."""
+    def iteration(carry, index, acting, update):
+        """Iteration `index` of the run: one rollout with `acting = (act, state -> acting params)`
+        (None: `random_act`), then updates."""
         act, acting_params = (None, None) if acting is None else (acting[0], acting[1](carry[0]))
-        carry = jax.lax.fori_loop(0, schedule.rollout, lambda _, c: env_step(c, act, acting_params), carry)
+        first_step = index * schedule.rollout * num_envs
+        carry = jax.lax.fori_loop(
+            0, schedule.rollout, lambda r, c: env_step(c, act, acting_params, first_step + r * num_envs), carry
+        )
         if update is None:
             return carry, {}
         state, env_state, observations, replay_state, window, stats, key = carry
@@ -458,11 +474,13 @@ def make_train(
         state, metrics = update(state, batches)
         return (state, env_state, observations, replay_state, window, stats, key), metrics
 
-    def run_phase(carry, iterations, acting, update, metrics):
-        """`iterations` iterations under one scan; returns the last iteration's metrics."""
+    def run_phase(carry, first, iterations, acting, update, metrics):
+        """Iterations `first`, ..., `first + iterations - 1` under one scan; returns the last
+        iteration's metrics."""
         if iterations == 0:
             return carry, metrics
-        carry, phase_metrics = jax.lax.scan(lambda c, _: iteration(c, acting, update), carry, None, iterations)
+        indices = jnp.arange(first, first + iterations, dtype=jnp.int32)
+        carry, phase_metrics = jax.lax.scan(lambda c, index: iteration(c, index, acting, update), carry, indices)
         if update is None:
             return carry, metrics
         return carry, jax.tree.map(lambda m: m[-1], phase_metrics)
@@ -471,22 +489,24 @@ def make_train(
         init_key, reset_key, loop_key, eval_key = jax.random.split(key, 4)
         state = agent.init(init_key)
         env_state, observations = env.reset(reset_key)
+        actions = jnp.zeros(action_example.shape, action_example.dtype)
         example = Transition(
             observation=observations[0],
-            action=jnp.zeros(action_shape[1:], jnp.float32),
+            action=actions[0],
             reward=jnp.zeros((), jnp.float32),
             discount=jnp.zeros((), jnp.float32),
             next_observation=observations[0],
         )
-        window = nstep_window_init(config.n_step, observations, jnp.zeros(action_shape, jnp.float32))
+        window = nstep_window_init(config.n_step, observations, actions)
         carry = (state, env_state, observations, replay.init(example), window, _episode_stats_init(num_envs), loop_key)
         metrics = jax.eval_shape(agent.update(None), state, _batch_like(example, config.batch_size))[1]
         metrics = jax.tree.map(lambda m: jnp.full(m.shape, jnp.nan, m.dtype), metrics)
-        carry, _ = run_phase(carry, schedule.warmup_iterations, None, None, metrics)
-        carry, metrics = run_phase(carry, schedule.fp32_iterations, float_acting, agent.update(precisions[0]), metrics)
+        warmup, fp32 = schedule.warmup_iterations, schedule.fp32_iterations
+        carry, _ = run_phase(carry, 0, warmup, None, None, metrics)
+        carry, metrics = run_phase(carry, warmup, fp32, float_acting, agent.update(precisions[0]), metrics)
         if schedule.qat_iterations:
             carry, metrics = run_phase(
-                carry, schedule.qat_iterations, quantized_acting, agent.update(precisions[-1]), metrics
+                carry, warmup + fp32, schedule.qat_iterations, quantized_acting, agent.update(precisions[-1]), metrics
             )
         state, *_, stats, _ = carry
         iterations = schedule.warmup_iterations + schedule.fp32_iterations + schedule.qat_iterations

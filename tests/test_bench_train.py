@@ -4,7 +4,8 @@ import os
 import subprocess
 import sys
 
-from bench.train_throughput import CASES, PPO_ZOO_SBX, summarize
+from bench.train_throughput import (CASES, DQN_REJAX, DQN_REJAX_IN_QRL, PPO_REJAX, PPO_REJAX_IN_QRL, PPO_ZOO_SBX,
+                                    summarize)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,6 +33,37 @@ def test_sac_cases_match_the_presets():
     assert sbx["learning_rate"] == 1e-3 and sbx["learning_starts"] == 100
 
 
+def test_rejax_cases_set_rejax_s_cartpole_configs_in_qrl_s_names():
+    """The same run on both sides: updates per environment step, batch, buffer, warm-up, network,
+    target averaging, exploration (rejax: `num_epochs` updates per `num_envs` steps, its Polyak
+    factor applied once per iteration; qrl: `gradient_steps` per `train_freq`, tau = 1 - polyak
+    every `gradient_steps` updates)."""
+    from agents.dqn import config_for as dqn_config
+    from agents.ppo import config_for as ppo_config
+
+    dqn = dqn_config("gymnax:CartPole-v1", DQN_REJAX_IN_QRL)
+    case = CASES["dqn_device"]
+    qrl_spec = next(spec for _, kind, spec in case["candidates"] if kind == "qrl")
+    assert qrl_spec["num_envs"] == DQN_REJAX["num_envs"] == dqn.train_freq
+    assert dqn.gradient_steps == DQN_REJAX["num_epochs"] == dqn.target_update_period
+    assert (dqn.batch_size, dqn.buffer_size, dqn.learning_starts, dqn.learning_rate, dqn.max_grad_norm) == (
+        DQN_REJAX["batch_size"], DQN_REJAX["buffer_size"], DQN_REJAX["fill_buffer"], DQN_REJAX["learning_rate"],
+        DQN_REJAX["max_grad_norm"])
+    assert abs(dqn.tau - (1 - DQN_REJAX["polyak"])) < 1e-12 and dqn.dueling and dqn.double_q == DQN_REJAX["ddqn"]
+    assert (dqn.exploration_initial_eps, dqn.exploration_final_eps, dqn.exploration_fraction, dqn.gamma) == (
+        DQN_REJAX["eps_start"], DQN_REJAX["eps_end"], DQN_REJAX["exploration_fraction"], DQN_REJAX["gamma"])
+    assert dqn.hidden_sizes == (64, 64)
+    ppo = ppo_config("gymnax:CartPole-v1", PPO_REJAX_IN_QRL)
+    assert (ppo.num_envs, ppo.num_steps, ppo.num_epochs) == (
+        PPO_REJAX["num_envs"], PPO_REJAX["num_steps"], PPO_REJAX["num_epochs"])
+    assert ppo.num_envs * ppo.num_steps // ppo.batch_size == PPO_REJAX["num_minibatches"]
+    assert (ppo.learning_rate, ppo.max_grad_norm, ppo.gamma, ppo.gae_lambda, ppo.clip_range, ppo.ent_coef, ppo.vf_coef) == (
+        PPO_REJAX["learning_rate"], PPO_REJAX["max_grad_norm"], PPO_REJAX["gamma"], PPO_REJAX["gae_lambda"],
+        PPO_REJAX["clip_eps"], PPO_REJAX["ent_coef"], PPO_REJAX["vf_coef"])
+    assert ppo.activation == PPO_REJAX["agent_kwargs"]["activation"] and ppo.learning_rate_schedule == "constant"
+    assert ppo.clip_range_vf == PPO_REJAX["clip_eps"] and ppo.clip_range_schedule == "constant"  # rejax clips values too
+
+
 def test_summary_ratios_per_baseline_map_and_target():
     runs = [{"name": "dqn fp32", "steps_per_second": 100.0}, {"name": "dqn qat8", "steps_per_second": 80.0},
             {"name": "ppo fp32", "steps_per_second": 50.0}, {"name": "ppo qat8", "steps_per_second": 45.0}]
@@ -44,7 +76,7 @@ def test_summary_ratios_per_baseline_map_and_target():
 
 def test_quick_run_without_peer():
     completed = subprocess.run(
-        [sys.executable, "-m", "bench.train_throughput", "--case=ppo_cartpole,qat", "--quick",
+        [sys.executable, "-m", "bench.train_throughput", "--case=ppo_cartpole,qat,dqn_device", "--quick",
          "--peer-python=/nonexistent/python"],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
     )
@@ -52,3 +84,4 @@ def test_quick_run_without_peer():
     assert "sbx: skipped" in completed.stdout
     assert "ppo_cartpole    round 1  qrl" in completed.stdout
     assert "ratios: dqn qat8 / dqn fp32" in completed.stdout
+    assert "dqn_device      round 1  qrl device steps/s" in completed.stdout and "rejax" not in completed.stdout

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from agents.dqn import acting, learning
 from agents.dqn.config import PRESETS, Config, config_for
 from agents.dqn.learning import TrainState
-from agents.dqn.training import check_env, train
+from agents.dqn.training import check_config, check_env, train
 from qrl import envs
 from qrl.quant.sweep import PolicySpec
 
@@ -38,6 +38,6 @@ def policy_spec(config: Config, observation_spec, action_spec) -> PolicySpec:
 
 
 __all__ = [
-    "PRESETS", "Config", "TrainState", "acting", "check_env", "config_for", "init_state", "learning",
+    "PRESETS", "Config", "TrainState", "acting", "check_config", "check_env", "config_for", "init_state", "learning",
     "policy_params", "policy_spec", "train",
 ]

@@ -115,6 +115,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         exploration_fraction=0.12, exploration_final_eps=0.1, hidden_sizes=(256, 256), dueling=False,
     ),
 }
+# gymnax's CartPole-v1 is the same task (dynamics, reward, 500-step limit), trained on device.
+PRESETS["gymnax:CartPole-v1"] = PRESETS["gym:CartPole-v1"]
 
 
 def config_for(env_id: str, values: Mapping[str, Any] | None = None) -> Config:

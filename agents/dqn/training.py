@@ -1,22 +1,32 @@
-"""DQN's host training loop for gymnasium, Atari and dm_control environments.
+"""DQN's training loops: on the host for gymnasium, Atari and dm_control environments, on device
+for gymnax and brax ids.
 
-Per environment step the loop makes one small jitted call (greedy actions for all N envs; none
-while every env explores), steps the environments and writes transitions into a numpy replay.
-Every `train_freq` environment steps it runs `gradient_steps` updates in one jitted call on
-`[K, B, ...]` batches sampled at once — the same schedule as SB3's `train_freq` /
+Host: per environment step the loop makes one small jitted call (greedy actions for all N envs;
+none while every env explores), steps the environments and writes transitions into a numpy
+replay. Every `train_freq` environment steps it runs `gradient_steps` updates in one jitted call
+on `[K, B, ...]` batches sampled at once — the same schedule as SB3's `train_freq` /
 `gradient_steps`, at a fraction of the per-update dispatch cost.
+
+Device (`gymnax:`, `brax:` ids): the whole run is one pure `train(key)` from
+`qrl.offpolicy.make_train` (vmappable over seeds; `make_device_train`), with DQN's epsilon-greedy
+acting (`device_agent`) and the host loop's update function. One difference from the host loop:
+the first `learning_starts` steps act uniformly at random (as SB3 and rejax do) where the host
+loop already acts epsilon-greedily.
 """
 
+import functools
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agents.dqn import acting, learning
 from agents.dqn.config import Config
-from qrl import envs
+from qrl import envs, offpolicy
+from qrl.envs.functional import FunctionalEnv, is_device_id
 from qrl.errors import QrlInputError
-from qrl.offpolicy import TransitionRecorder
+from qrl.offpolicy import OffPolicyAgent, TransitionRecorder
 from qrl.quant import check_quant_delay, make_exporter, serving_precision
 from qrl.replay import UniformReplay
 from qrl.run_monitor import HostStart, TrainingMonitor
@@ -26,6 +36,63 @@ def check_env(env_id: str, action_spec) -> None:
     """DQN needs discrete actions."""
     if not envs.is_discrete(action_spec):
         raise QrlInputError(f"agent dqn needs discrete actions; {env_id} has continuous actions")
+
+
+def device_agent(config: Config, observation_spec, action_spec, steps: int) -> OffPolicyAgent:
+    """DQN's pure functions for the on-device loop, for a run of `steps` environment steps:
+    epsilon-greedy acting on the host loop's linear schedule (`acting.epsilon_schedule`), the
+    greedy policy, and the host loop's K fused updates (`learning.make_update`, its learning-rate
+    schedule over the run's updates)."""
+    shape, num_actions = tuple(observation_spec.shape), envs.num_actions(action_spec)
+    network = learning.make_network(config, shape, num_actions)
+    update = learning.make_update(network, config, learning.total_updates(config, steps))
+    greedy = acting.make_greedy_policy(network)
+    decay_steps = max(1, int(config.exploration_fraction * steps))
+    initial, final = config.exploration_initial_eps, config.exploration_final_eps
+
+    def random_act(key: jax.Array, num_envs: int) -> jax.Array:
+        return jax.random.randint(key, (num_envs,), 0, num_actions, jnp.int32)
+
+    def explore(key: jax.Array, num_envs: int, env_steps: jax.Array) -> dict:
+        """Which envs explore at `env_steps` (epsilon as on the host), and their random actions."""
+        explore_key, action_key = jax.random.split(key)
+        epsilon = initial + (final - initial) * jnp.minimum(env_steps / decay_steps, 1.0)
+        return {"explore": jax.random.uniform(explore_key, (num_envs,)) < epsilon,
+                "actions": random_act(action_key, num_envs)}
+
+    def act(params: dict, observations: jax.Array, noise: dict) -> jax.Array:
+        return jnp.where(noise["explore"], noise["actions"], greedy(params, observations))
+
+    return OffPolicyAgent(
+        name="dqn",
+        init=lambda key: learning.init(key, config, shape, observation_spec.dtype, num_actions),
+        act=lambda precision: act,
+        policy=lambda precision: greedy,
+        update=lambda precision: update,
+        policy_params=lambda state: state.params,
+        update_count=lambda state: state.updates,
+        explore=explore,
+        random_act=random_act,
+    )
+
+
+def check_config(env_id: str, config: Config) -> None:
+    """What DQN cannot do with `config` on `env_id`: on device (gymnax, brax ids), quantization-
+    aware training. Raises `QrlInputError`; entry points call it before writing anything."""
+    if is_device_id(env_id) and config.qat_bits:
+        raise QrlInputError(f"DQN on {env_id} trains on device, at float precision only: qat_bits needs a host env id "
+                            "(gym:, atari:, dmc:)")
+
+
+def make_device_train(
+    config: Config, env: FunctionalEnv, steps: int, eval_env: Optional[FunctionalEnv] = None
+) -> Callable[[jax.Array], tuple[learning.TrainState, dict]]:
+    """`train(key) -> (state, summary)`: a whole DQN run of `steps` environment steps in `env`
+    (N functional environments) on device; pure — jit it, vmap it over keys (seeds). See
+    `qrl.offpolicy.make_train` for the summary."""
+    check_env("device env", env.action_spec())
+    agent = device_agent(config, env.observation_spec(), env.action_spec(), steps)
+    return offpolicy.make_train(agent, config, env, steps, eval_env)
 
 
 def make_greedy_policy_fn(network, params_ref: Callable[[], dict]) -> Callable[[np.ndarray], np.ndarray]:
@@ -62,9 +129,19 @@ def train(
 
     `start` resumes a run from a saved state at `start.env_steps`: the environments restart and
     the replay refills from scratch (updates wait for `learning_starts` new steps again).
+
+    `gymnax:` and `brax:` ids train on device in one compiled call (`make_device_train`): no
+    `eval_every`, checkpoints only at the end, no resume, no QAT.
     """
     if steps < 1:
         raise QrlInputError(f"steps must be >= 1, got {steps}")
+    if is_device_id(env_id):
+        if start is not None:
+            raise QrlInputError(f"{env_id} trains on device in one compiled call, which cannot resume")
+        check_config(env_id, config)
+        build = functools.partial(device_agent, steps=steps)
+        return offpolicy.train_on_device(build, check_env, config, env_id, steps, seed, workdir, num_envs,
+                                         eval_episodes, progress, env_options)
     env_options = env_options or {}
     vector_env = envs.make_vector(env_id, num_envs, seed, **env_options)
     observation_spec, action_spec = vector_env.observation_spec(), vector_env.action_spec()
