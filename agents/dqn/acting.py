@@ -34,17 +34,18 @@ def make_epsilon_greedy_policy(network: nn.Module) -> Callable[..., jax.Array]:
     return policy
 
 
-def epsilon_schedule(config: Config, total_steps: int) -> Callable[[int], float]:
+def epsilon_schedule(config: Config, total_steps: int, minimum: Callable = min) -> Callable[[int], float]:
     """Linear decay from the initial to the final epsilon over `exploration_fraction` of the
     training steps, then constant (Mnih et al. 2015; SB3's schedule).
 
-    Plain Python arithmetic: the host loop asks every step, and an optax schedule there costs
-    a few hundred microseconds of JAX dispatch per call.
+    Plain Python arithmetic by default: the host loop asks every step, and an optax schedule
+    there costs a few hundred microseconds of JAX dispatch per call. `minimum=jnp.minimum` gives
+    the same schedule over traced step counts (the on-device loop).
     """
     decay_steps = max(1, int(config.exploration_fraction * total_steps))
     initial, final = config.exploration_initial_eps, config.exploration_final_eps
 
     def epsilon(step: int) -> float:
-        return initial + (final - initial) * min(step / decay_steps, 1.0)
+        return initial + (final - initial) * minimum(step / decay_steps, 1.0)
 
     return epsilon

@@ -47,8 +47,7 @@ def device_agent(config: Config, observation_spec, action_spec, steps: int) -> O
     network = learning.make_network(config, shape, num_actions)
     update = learning.make_update(network, config, learning.total_updates(config, steps))
     greedy = acting.make_greedy_policy(network)
-    decay_steps = max(1, int(config.exploration_fraction * steps))
-    initial, final = config.exploration_initial_eps, config.exploration_final_eps
+    epsilon_at = acting.epsilon_schedule(config, steps, minimum=jnp.minimum)
 
     def random_act(key: jax.Array, num_envs: int) -> jax.Array:
         return jax.random.randint(key, (num_envs,), 0, num_actions, jnp.int32)
@@ -56,8 +55,7 @@ def device_agent(config: Config, observation_spec, action_spec, steps: int) -> O
     def explore(key: jax.Array, num_envs: int, env_steps: jax.Array) -> dict:
         """Which envs explore at `env_steps` (epsilon as on the host), and their random actions."""
         explore_key, action_key = jax.random.split(key)
-        epsilon = initial + (final - initial) * jnp.minimum(env_steps / decay_steps, 1.0)
-        return {"explore": jax.random.uniform(explore_key, (num_envs,)) < epsilon,
+        return {"explore": jax.random.uniform(explore_key, (num_envs,)) < epsilon_at(env_steps),
                 "actions": random_act(action_key, num_envs)}
 
     def act(params: dict, observations: jax.Array, noise: dict) -> jax.Array:
