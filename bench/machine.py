@@ -15,29 +15,11 @@ import platform
 from importlib import metadata
 from typing import Any, Mapping, Optional
 
-from qrl.cpu import cpu_info
+from qrl.cpu import cpu_info, isa_class
 
 # The flags that decide int8 / bf16 speed on x86, in the order they are reported.
 ISA_FLAGS = ("amx_int8", "amx_bf16", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx512f", "avx2")
 PACKAGES = ("jax", "jaxlib", "onnxruntime", "numpy")
-
-
-def isa_class(flags: Optional[set]) -> str:
-    """The matrix units that set int8 / bf16 speed: "AMX", "AVX-512 VNNI+BF16", "AVX-512 VNNI",
-    "AVX-512", "AVX-VNNI", "AVX2", "other x86" or "unknown" (flags unreadable)."""
-    if flags is None:
-        return "unknown"
-    if "amx_int8" in flags:
-        return "AMX"
-    if "avx512_vnni" in flags:
-        return "AVX-512 VNNI+BF16" if "avx512_bf16" in flags else "AVX-512 VNNI"
-    if "avx512f" in flags:
-        return "AVX-512"
-    if "avx_vnni" in flags:
-        return "AVX-VNNI"
-    if "avx2" in flags:
-        return "AVX2"
-    return "other x86" if "sse2" in flags else "unknown"
 
 
 def kind(isa: str, cpu_count: Optional[int]) -> str:

@@ -226,6 +226,8 @@ def time_exported_models(directory: str, batches: list[int], rounds: int, round_
             calls = {name: (lambda runner=runners[name], x=x: runner(x)) for name in names}
             for name, seconds in interleaved_medians(calls, rounds, round_seconds).items():
                 latency_us.setdefault(name, {})[batch] = seconds["wall"] * 1e6
+        if single_calls < 1:
+            continue
         x = draw(1)
         single = {name: [] for name in names}
         for _ in range(single_calls):

@@ -1,6 +1,6 @@
 """What this CPU is: its model name and ISA flags as Linux's /proc/cpuinfo names them.
 
-Read by the int8 ONNX path (whether ONNX Runtime's u8·s8 product is exact here) and by the
+Read by the int8 ONNX path, the lean int8 path's dispatch (`qrl.quant.lean`) (whether ONNX Runtime's u8·s8 product is exact here) and by the
 benchmarks (every figure names its machine). Imports nothing heavy: a robot's loader uses it.
 """
 
@@ -22,3 +22,21 @@ def cpu_info() -> tuple[str, Optional[set]]:
     except OSError:
         pass
     return model, flags
+
+
+def isa_class(flags: Optional[set]) -> str:
+    """The matrix units that set int8 / bf16 speed: "AMX", "AVX-512 VNNI+BF16", "AVX-512 VNNI",
+    "AVX-512", "AVX-VNNI", "AVX2", "other x86" or "unknown" (flags unreadable)."""
+    if flags is None:
+        return "unknown"
+    if "amx_int8" in flags:
+        return "AMX"
+    if "avx512_vnni" in flags:
+        return "AVX-512 VNNI+BF16" if "avx512_bf16" in flags else "AVX-512 VNNI"
+    if "avx512f" in flags:
+        return "AVX-512"
+    if "avx_vnni" in flags:
+        return "AVX-VNNI"
+    if "avx2" in flags:
+        return "AVX2"
+    return "other x86" if "sse2" in flags else "unknown"
