@@ -44,11 +44,13 @@ bench-deps: $(BENCH_VENV)/.installed
 
 bench: $(INSTALLED) $(BENCH_VENV)/.installed
 	$(PY) -m bench.inference --peer_python=$(BENCH_VENV)/bin/python
+	$(PY) -m bench.int8_lean --peer_python=$(BENCH_VENV)/bin/python
 	$(PY) -m bench.dqn_throughput
 	$(PY) -m bench.train_throughput --case=all
 	$(PY) -m bench.qat_overhead
 	$(PY) -m bench.actorq
 	$(PY) -m bench.offline_throughput --bf16 --peer_python=$(BENCH_VENV)/bin/python
+	$(PY) -m bench.study_launch
 
 # Store this machine kind's figures (results/bench/<kind>/), compare a fresh run with them (prints
 # what moved by more than 15%; exit 1 when anything did), regenerate the README's tables.

@@ -30,6 +30,7 @@ PEER_PYTHON = os.path.join(REPO_ROOT, ".venv-bench", "bin", "python")
 # name -> (module and arguments of a recorded run, whether it needs the peer venv (`make bench-deps`)).
 SUITE = {
     "inference": (["bench.inference", f"--peer_python={PEER_PYTHON}"], True),
+    "int8_lean": (["bench.int8_lean", f"--peer_python={PEER_PYTHON}"], True),
     "qat_overhead": (["bench.qat_overhead"], False),
     "actorq": (["bench.actorq"], False),
     "dqn_throughput": (["bench.dqn_throughput", "--setting=all", f"--peer-python={PEER_PYTHON}"], True),
@@ -38,6 +39,7 @@ SUITE = {
     "offline_sampling": (["bench.offline_data", "sampling"], False),
     "pruning": (["bench.pruning"], False),
     "offline_many": (["bench.offline_many"], False),
+    "study_launch": (["bench.study_launch"], False),
 }
 
 

@@ -25,7 +25,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from absl import flags
 
-from launch import common, studies
+from launch import common, launcher, studies
 from launch.prune_runs import MASKS_FILE, RESULTS_FILE, PruneRun, prepare_run, read_masks, run_prune_offline
 from pruning import PruneSettings, check_pruner, check_sparsity
 from pruning import study_report
@@ -69,6 +69,7 @@ def define_flags() -> None:
     flags.DEFINE_float("stop_after_minutes", 0.0,
                        "Start no cell or program after this many minutes (0: no limit); the report covers the "
                        "finished cells and rerunning the command resumes.")
+    launcher.define_flags()
     flags.DEFINE_bool("report_only", False,
                       "Run nothing: rewrite the report over the finished cells of the plan in <workdir>/study.json "
                       "(only --workdir is read; the datasets need not exist).")
@@ -284,48 +285,61 @@ def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_prune_offli
     return "ran"
 
 
-def run_programs(cells: Sequence[Cell], options: StudyOptions, many_runner: Optional[Callable[..., list]] = None,
-                 progress: bool = True, log: Callable[[str], None] = print,
-                 deadline: Optional[float] = None) -> list[str]:
-    """Runs the cells not done yet in programs of up to `configs_per_program` cells of one task and
-    algorithm (`launch.prune_runs.run_prune_offline_many`); returns the failed cells' labels. A
-    program that fails leaves its traceback beside each of its cells and the study goes on. No
-    program starts once `time.monotonic()` has passed `deadline`."""
+def run_cell_task(cell: Cell, options: StudyOptions, runner: Runner, progress: bool,
+                  printer: Optional[Callable[[str], None]]) -> str:
+    """One cell as a launcher task (`launch.launcher`): `run_cell`, bad input named by the cell."""
+    try:
+        return run_cell(cell, options, runner, progress, printer or print)
+    except QrlInputError as error:
+        raise QrlInputError(f"{cell.label}: {error}") from None
+
+
+def run_program_task(program: Sequence[Cell], options: StudyOptions, many_runner: Optional[Callable[..., list]],
+                     progress: bool, printer: Optional[Callable[[str], None]]) -> str:
+    """Cells of one task and algorithm trained as one vmapped program
+    (`launch.prune_runs.run_prune_offline_many`), as a launcher task. A failure leaves its
+    traceback beside each of the program's cells and is re-raised."""
     from launch.prune_runs import run_prune_offline_many
 
-    many_runner = many_runner or run_prune_offline_many
+    cell_dirs = [os.path.join(options.workdir, cell.relative_dir) for cell in program]
+    for cell_dir in cell_dirs:
+        workdirs.remove_outputs(cell_dir)  # unfinished cells start again.
+    try:
+        (many_runner or run_prune_offline_many)([cell_run(cell, options) for cell in program], cell_dirs,
+                                                overwrite=False, progress=progress, printer=printer or print)
+    except QrlInputError as error:
+        raise QrlInputError(f"{program[0].label}: {error}") from None
+    except Exception:
+        for cell_dir in cell_dirs:
+            io.atomic_write_text(cell_dir + ".error.txt", traceback.format_exc())
+        raise
+    for cell_dir in cell_dirs:
+        if os.path.exists(cell_dir + ".error.txt"):
+            os.remove(cell_dir + ".error.txt")
+    return "ran"
+
+
+def plan_tasks(cells: Sequence[Cell], options: StudyOptions, runner: Runner = run_prune_offline,
+               many_runner: Optional[Callable[..., list]] = None, progress: bool = True,
+               printer: Optional[Callable[[str], None]] = None) -> list[tuple[launcher.CellTask, tuple]]:
+    """`(task, its cells)` per launcher task: one per cell, or with `configs_per_program` > 1 one
+    per program of up to that many pending cells of one task and algorithm (finished cells are
+    left out)."""
+    if options.configs_per_program == 1:
+        return [(launcher.CellTask(cell.label, run_cell_task, (cell, options, runner, progress, printer)), (cell,))
+                for cell in cells]
     pending: dict[tuple[str, str], list[Cell]] = {}
     for cell in cells:
         if not os.path.exists(os.path.join(options.workdir, cell.relative_dir, RESULTS_FILE)):
             pending.setdefault((cell.dataset, cell.algo), []).append(cell)
-    failed, done = [], len(cells) - sum(len(group) for group in pending.values())
+    planned = []
     for group in pending.values():
         for first in range(0, len(group), options.configs_per_program):
-            if _past(deadline):
-                return failed
-            program = group[first:first + options.configs_per_program]
-            start = time.perf_counter()
-            cell_dirs = [os.path.join(options.workdir, cell.relative_dir) for cell in program]
-            for cell_dir in cell_dirs:
-                workdirs.remove_outputs(cell_dir)  # unfinished cells start again.
-            try:
-                many_runner([cell_run(cell, options) for cell in program], cell_dirs, overwrite=False,
-                            progress=progress, printer=log)
-            except QrlInputError as error:
-                raise QrlInputError(f"{program[0].label}: {error}") from None
-            except Exception as error:
-                reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
-                for cell, cell_dir in zip(program, cell_dirs):
-                    io.atomic_write_text(cell_dir + ".error.txt", traceback.format_exc())
-                    failed.append(f"{cell.label} ({reason}; traceback in {cell_dir}.error.txt)")
-            else:
-                for cell_dir in cell_dirs:
-                    if os.path.exists(cell_dir + ".error.txt"):
-                        os.remove(cell_dir + ".error.txt")
-            done += len(program)
-            log(f"[{done}/{len(cells)}] {len(program)} cells of {program[0].task} {program[0].algo} as one program "
-                f"({time.perf_counter() - start:.0f} s)")
-    return failed
+            program = tuple(group[first:first + options.configs_per_program])
+            label = f"{len(program)} cells of {program[0].task} {program[0].algo} as one program"
+            planned.append((launcher.CellTask(label, run_program_task, (program, options, many_runner, progress, printer)),
+                            program))
+    return planned
 
 
 def _past(deadline: Optional[float]) -> bool:
@@ -348,9 +362,12 @@ def study_cells(workdir: str, cells: Sequence[Cell]) -> list[dict]:
 
 def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progress: bool = True,
               log: Callable[[str], None] = print, many_runner: Optional[Callable[..., list]] = None,
-              stop_after_s: float = 0.0) -> dict:
-    """Runs the cells not done yet, then writes the report over every finished cell. With
-    `stop_after_s` > 0 no cell (or program) starts after that many seconds; the rest wait for a rerun.
+              stop_after_s: float = 0.0, launch_options: launcher.LaunchOptions = launcher.LaunchOptions()) -> dict:
+    """Runs the cells not done yet where `launch_options` say (in this process by default, or local
+    processes, or Ray tasks: `launch.launcher`), then writes the report over every finished cell.
+    With `stop_after_s` > 0 no cell (or program) starts after that many seconds; the rest wait for
+    a rerun. A failed cell is retried once, then reported; bad input in a cell run in this process
+    stops the study.
 
     Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels],
     "pending": cells left without results}.
@@ -361,22 +378,16 @@ def run_study(options: StudyOptions, runner: Runner = run_prune_offline, progres
     io.atomic_write_json(os.path.join(options.workdir, STUDY_FILE),
                          {**dataclasses.asdict(options), "cells": [dataclasses.asdict(cell) for cell in cells]})
     deadline = time.monotonic() + stop_after_s if stop_after_s > 0 else None
+    in_process = launch_options.launcher == "local" and launch_options.parallel == 1
+    planned = plan_tasks(cells, options, runner, many_runner, progress, log if in_process else None)
+    cells_of = {id(task): program for task, program in planned}
     failed = []
-    if options.configs_per_program > 1:
-        failed = run_programs(cells, options, many_runner, progress=progress, log=log, deadline=deadline)
-    for index, cell in enumerate(cells if options.configs_per_program == 1 else (), start=1):
-        if _past(deadline):
-            break
-        start = time.perf_counter()
-        try:
-            what = run_cell(cell, options, runner, progress, log)
-        except QrlInputError as error:
-            raise QrlInputError(f"{cell.label}: {error}") from None
-        except Exception as error:
-            reason = f"{type(error).__name__}: {' '.join(str(error).split())}"
-            what = f"FAILED: {reason}"
-            failed.append(f"{cell.label} ({reason}; traceback in {os.path.join(options.workdir, cell.relative_dir)}.error.txt)")
-        log(f"[{index}/{len(cells)}] {cell.label}: {what} ({time.perf_counter() - start:.0f} s)")
+    for task, reason in launcher.run_tasks([task for task, _ in planned], launch_options, options.workdir, log,
+                                           deadline):
+        for cell in cells_of[id(task)]:
+            error_path = os.path.join(options.workdir, cell.relative_dir) + ".error.txt"
+            failed.append(f"{cell.label} ({reason}" + (f"; traceback in {error_path})" if os.path.exists(error_path)
+                                                       else ")"))
     outcome = write_study_report(options.workdir, cells, failed)
     if outcome["pending"] and _past(deadline):
         log(f"stopped after {stop_after_s / 60:g} minutes: {len(outcome['pending'])} of {len(cells)} cells left; "
@@ -420,8 +431,9 @@ def run() -> None:
         FLAGS.eval_every, FLAGS.eval_episodes, FLAGS.prune_batches, FLAGS.prune_batch_size, FLAGS.scope, FLAGS.set,
         FLAGS.separate, FLAGS.temperature, FLAGS.reinit, FLAGS.iterations, FLAGS.vae, FLAGS.configs_per_program,
     )
-    studies.report_outcome(run_study(options, progress=FLAGS.progress, stop_after_s=60.0 * FLAGS.stop_after_minutes),
-                           "pruning study")
+    launch_options = launcher.options_from_flags()
+    studies.report_outcome(run_study(options, progress=FLAGS.progress, stop_after_s=60.0 * FLAGS.stop_after_minutes,
+                                     launch_options=launch_options), "pruning study")
 
 
 if __name__ == "__main__":

@@ -12,12 +12,14 @@ and with quantization-aware training, quantize after training, and report.
 Writes <workdir>/results.json, report.md (QuaRL-style tables: return per precision, E, action
 divergence, bytes, latency), plots/ (sweet spot per algorithm and environment, fp32 vs quantized
 weight histograms) and one directory per cell under cells/. Rerunning the same command skips
-finished cells; an interrupted training run starts again.
+finished cells; an interrupted training run starts again. `--launcher=local --parallel=N` or
+`--launcher=ray [--ray_address=host:port]` spread the cells over processes or a Ray cluster
+(`launch.launcher`).
 """
 
 from absl import flags
 
-from launch import common, studies
+from launch import common, launcher, studies
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Study directory (required).")
@@ -37,6 +39,7 @@ flags.DEFINE_bool("skip_incompatible", False, "Skip algorithm/environment pairs 
 flags.DEFINE_integer("num_envs", None, "Host environments per training run (default: the agent's).")
 flags.DEFINE_integer("probe_steps", 2048, "fp32 rollout states for calibrating static scales and for action divergence.")
 flags.DEFINE_integer("eval_max_steps", None, "Cut evaluation episodes after this many steps (default: no cut).")
+launcher.define_flags()
 
 
 FLAG_RANGES = {
@@ -48,18 +51,19 @@ FLAG_RANGES = {
 def run() -> None:
     workdir = common.require_workdir(FLAGS.workdir)
     common.check_flag_ranges(FLAG_RANGES)
+    launch_options = launcher.options_from_flags()
     agents = studies.parse_list(FLAGS.agents, "agents")
     eval_args = [f"--calibration_steps={FLAGS.probe_steps}", f"--divergence_steps={FLAGS.probe_steps}"]
     if FLAGS.eval_max_steps is not None:
         eval_args.append(f"--max_steps={FLAGS.eval_max_steps}")
-    paths = studies.run_study(
+    outcome = studies.run_study(
         workdir, agents, studies.parse_list(FLAGS.envs, "envs"),
         studies.parse_ints(FLAGS.seeds, "seeds"), FLAGS.precisions, studies.parse_qat_bits(FLAGS.qat_bits),
         episodes=FLAGS.episodes, steps=FLAGS.steps, quant_delay_fraction=FLAGS.quant_delay_fraction,
         overrides=studies.split_agent_overrides(FLAGS.set, agents), skip_incompatible=FLAGS.skip_incompatible,
-        eval_args=eval_args, num_envs=FLAGS.num_envs,
+        eval_args=eval_args, num_envs=FLAGS.num_envs, launch_options=launch_options,
     )
-    print(f"QuaRL study report: {paths['report.md']}")
+    studies.report_outcome(outcome, "QuaRL study")
 
 
 if __name__ == "__main__":

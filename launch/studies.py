@@ -20,10 +20,9 @@ import dataclasses
 import os
 import subprocess
 import sys
-import time
 from typing import Callable, Mapping, Optional, Sequence
 
-from launch import common, runs
+from launch import common, launcher, runs
 from qrl import envs, io, workdirs
 from qrl.config import QAT_MAX_BITS, QAT_MIN_BITS, total_updates
 from qrl.errors import QrlInputError
@@ -270,12 +269,16 @@ def run_study(
     eval_args: Sequence[str] = (),
     log: Callable[[str], None] = print,
     num_envs: Optional[int] = None,
+    launch_options: launcher.LaunchOptions = launcher.LaunchOptions(),
 ) -> dict:
-    """Runs every cell that is not done yet, then writes the study's results and report.
+    """Runs every cell that is not done yet where `launch_options` say (`launch.launcher`), then
+    writes the study's results and report over the finished cells.
 
     `num_envs` (None: each agent's) sizes every training run; `train_args` / `eval_args` are
-    extra flags for `launch.train` / `launch.ptq`. Returns the paths
-    `study_report.write_study_outputs` wrote.
+    extra flags for `launch.train` / `launch.ptq`. Returns `{"paths": what
+    `study_report.write_study_outputs` wrote (None when no cell finished), "failed": [cells with
+    their one-line reason], "pending": [cells without results]}`; in this process a failed cell
+    (its subprocess's last line) stops the study, as bad input does.
     """
     parse_precisions(precisions, "static")
     common.check_ranges([("--episodes", episodes, common.AT_LEAST_1)])
@@ -291,13 +294,33 @@ def run_study(
         "cells": [dataclasses.asdict(cell) for cell in cells],
     }
     io.atomic_write_json(os.path.join(study_dir, "study.json"), plan)
-    for index, cell in enumerate(cells, start=1):
-        start = time.perf_counter()
-        done = run_cell(cell, study_dir, precisions, episodes, overrides.get(cell.agent, {}), train_args, eval_args)
-        what = ", ".join(name for name, happened in done.items() if happened) or "already done"
-        log(f"[{index}/{len(cells)}] {cell.label}: {what} ({time.perf_counter() - start:.0f} s)")
-    records = [{**dataclasses.asdict(cell), "dir": os.path.join(study_dir, cell.relative_dir)} for cell in cells]
-    return study_report.write_study_outputs(study_dir, records, write_weight_plots(study_dir, cells, precisions))
+    tasks = [launcher.CellTask(cell.label, run_cell_task, (cell, study_dir, precisions, episodes,
+                                                          dict(overrides.get(cell.agent, {})), tuple(train_args),
+                                                          tuple(eval_args)))
+             for cell in cells]
+    failed = [f"{task.label} ({reason})" for task, reason in launcher.run_tasks(tasks, launch_options, study_dir, log)]
+    finished = [cell for cell in cells if is_done(cell, study_dir)]
+    pending = [cell.label for cell in cells if cell not in finished]
+    if not finished:
+        return {"paths": None, "failed": failed, "pending": pending}
+    records = [{**dataclasses.asdict(cell), "dir": os.path.join(study_dir, cell.relative_dir)} for cell in finished]
+    paths = study_report.write_study_outputs(study_dir, records, write_weight_plots(study_dir, finished, precisions))
+    return {"paths": paths, "failed": failed, "pending": pending}
+
+
+def run_cell_task(cell: Cell, study_dir: str, precisions: str, episodes: int, overrides: Mapping[str, str],
+                  train_args: Sequence[str], eval_args: Sequence[str]) -> str:
+    """One cell as a launcher task (`launch.launcher`): what it did, or "already done"."""
+    done = run_cell(cell, study_dir, precisions, episodes, overrides, train_args, eval_args)
+    return ", ".join(name for name, happened in done.items() if happened) or "already done"
+
+
+def is_done(cell: Cell, study_dir: str) -> bool:
+    """Whether a cell has its training results and its evaluation."""
+    cell_dir = os.path.join(study_dir, cell.relative_dir)
+    eval_dir = os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
+    return (os.path.exists(os.path.join(cell_dir, TRAIN_DIR, runs.RESULTS_FILE))
+            and os.path.exists(os.path.join(eval_dir, runs.RESULTS_FILE)))
 
 
 def write_weight_plots(study_dir: str, cells: Sequence[Cell], precisions: str) -> dict:

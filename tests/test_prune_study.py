@@ -3,6 +3,7 @@
 
 import json
 import os
+import signal
 import re
 import subprocess
 import sys
@@ -383,3 +384,40 @@ def test_learning_curves_and_budget_verdicts_by_hand(tmp_path):
     assert os.path.getsize(paths["learning_curves_flat_bc"]) > 0 and "plots/learning_curves_flat_bc.png" in report
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert {budget["task"]: budget["verdict"] for budget in summary["budgets"]}["falling"] == "falling"
+
+
+class KillOne:
+    """A picklable runner that kills its own process on one (pruner, seed) cell."""
+
+    def __init__(self, pruner, seed):
+        self.pruner, self.seed = pruner, seed
+
+    def __call__(self, run, workdir, **options):
+        if run.pruner == self.pruner and run.seed == self.seed:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return run_prune_offline(run, workdir, **options)
+
+
+def test_local_processes_and_ray_give_the_sequential_results_and_a_killed_worker_fails_only_its_cell(
+        dataset_file, tmp_path):
+    from launch import launcher
+
+    plan = dict(TINY, seeds="0,1")
+    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), dataset_file, **plan)
+    assert prune_study.run_study(sequential, progress=False, log=lambda line: None)["failed"] == []
+    for name, launch in (("processes", launcher.make_options("local", parallel=2)), ("ray", launcher.make_options("ray"))):
+        options = prune_study.make_options(str(tmp_path / name), dataset_file, **plan)
+        outcome = prune_study.run_study(options, runner=KillOne("grasp", 1), progress=False, log=lambda line: None,
+                                        launch_options=launch)
+        assert len(outcome["failed"]) == 1 and outcome["failed"][0].startswith("pendulum-swingup bc grasp s0.9 seed 1 ("), (
+            name, outcome["failed"])
+        assert outcome["pending"] == [outcome["failed"][0].split(" (")[0]]
+        rerun = prune_study.run_study(options, progress=False, log=lambda line: None, launch_options=launch)
+        assert rerun["failed"] == [] and rerun["pending"] == []
+        for cell in prune_study.plan_cells(options):
+            mine = json.loads((tmp_path / name / cell.relative_dir / "results.json").read_text())
+            theirs = json.loads((tmp_path / "one_by_one" / cell.relative_dir / "results.json").read_text())
+            np.testing.assert_allclose(mine["final_eval"]["returns"], theirs["final_eval"]["returns"], rtol=1e-6)
+            assert mine["masks"] == theirs["masks"]
+        assert (tmp_path / name / "summary.json").is_file()
+

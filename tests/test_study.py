@@ -143,3 +143,18 @@ def test_lowest_bits_keeps_every_wider_width_within_tolerance():
     assert table[2] == "| dqn | gym:CartPole-v1 | 500.0 | 6 | none | quarl |"
     pair["ptq"] = [row for row in pair["ptq"] if row["family"] != "quarl"]
     assert lowest_bits_table([pair]).splitlines()[2].endswith("| **none** |")
+
+
+def test_study_cells_in_two_processes_give_the_sequential_returns(study, tmp_path):
+    workdir = str(tmp_path / "parallel")
+    completed = run_module("launch.quarl_study", f"--workdir={workdir}", "--agents=dqn", "--envs=gym:CartPole-v1",
+                           "--parallel=2", *TINY)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "seed 0 fp32: trained, evaluated" in completed.stdout and "seed 0 qat8: trained, evaluated" in completed.stdout
+    with open(os.path.join(study, "results.json")) as one, open(os.path.join(workdir, "results.json")) as two:
+        (sequential,), (parallel,) = json.load(one)["pairs"], json.load(two)["pairs"]
+    for kind in ("ptq", "qat"):
+        assert [row["seed_means"] for row in parallel[kind]] == [row["seed_means"] for row in sequential[kind]]
+    assert_input_error(run_module("launch.quarl_study", f"--workdir={tmp_path / 'bad'}", "--parallel=0", *TINY),
+                       "--parallel must be >= 1")
+    assert not os.path.exists(tmp_path / "bad")

@@ -76,6 +76,46 @@ class RayHandle:
         getattr(self.actor, method).remote(*args, **kwargs)
 
 
+class RayTask:
+    """A function running as one Ray task (`RayBackend.submit`)."""
+
+    def __init__(self, ref: "ray.ObjectRef"):
+        self.ref = ref
+
+    def done(self) -> bool:
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def outcome(self) -> Optional[str]:
+        """None when the function returned; else one line: what it raised (`Type: message`), or
+        that its worker process died."""
+        try:
+            ray.get(self.ref)
+        except ray.exceptions.RayTaskError as error:
+            return _last_line(error)
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.RayActorError):
+            return "its worker process died"
+        except ray.exceptions.TaskCancelledError:
+            return "cancelled"
+        except ray.exceptions.RayError as error:
+            return f"{type(error).__name__}: {_last_line(error)}"
+        return None
+
+    def result_status(self) -> str:
+        """What the function returned when it is a short status string, else "done"."""
+        try:
+            value = ray.get(self.ref)
+        except ray.exceptions.RayError:
+            return "failed"
+        return value if isinstance(value, str) else "done"
+
+    def cancel(self) -> None:
+        try:
+            ray.cancel(self.ref, force=True)
+        except Exception:  # already finished or gone
+            pass
+
+
 class RayBackend:
     """Creates nodes as Ray actors; see the module docstring."""
 
@@ -119,6 +159,23 @@ class RayBackend:
     def cluster_resources(self) -> dict[str, float]:
         """Every resource of the cluster, summed over its nodes (Ray's counts: CPU, GPU, custom)."""
         return {name: float(amount) for name, amount in ray.cluster_resources().items()}
+
+    def submit(self, function: Any, *args: Any, num_cpus: float = 1.0, num_gpus: float = 0.0,
+               name: Optional[str] = None) -> RayTask:
+        """Runs the module-level `function(*args)` as a Ray task with that CPU / GPU request, no
+        retries (the caller decides)."""
+        remote = ray.remote(function).options(num_cpus=num_cpus, num_gpus=num_gpus, max_retries=0,
+                                              name=name or getattr(function, "__name__", "task"))
+        return RayTask(remote.remote(*args))
+
+    @staticmethod
+    def wait_any(tasks: list, timeout: float) -> list:
+        """The tasks of `tasks` that are done, waiting up to `timeout` seconds for at least one."""
+        if not tasks:
+            return []
+        ready, _ = ray.wait([task.ref for task in tasks], num_returns=1, timeout=timeout)
+        ready = set(ready)
+        return [task for task in tasks if task.ref in ready]
 
     def create(self, spec: NodeSpec, kwargs: dict) -> RayHandle:
         self._specs[spec.name] = (spec, kwargs)
