@@ -152,6 +152,26 @@ def _log_line(finished: int, total: int, task: CellTask, reason: Optional[str], 
             f"({time.perf_counter() - start:.0f} s)")
 
 
+class _Tally:
+    """A run's bookkeeping: counts finished tasks, collects failures, and puts a failed task back
+    at the head of the queue while it has retries left."""
+
+    def __init__(self, total: int, retries: int, log: Callable[[str], None]):
+        self.total, self.retries, self.log = total, retries, log
+        self.finished, self.failed = 0, []
+
+    def settle(self, task: CellTask, attempt: int, start: float, reason: Optional[str], status: str,
+               queue: list) -> None:
+        if reason and attempt < self.retries:
+            self.log(f"{task.label}: {reason}; retrying")
+            queue.insert(0, (task, attempt + 1))
+            return
+        self.finished += 1
+        if reason:
+            self.failed.append((task, reason))
+        self.log(_log_line(self.finished, self.total, task, reason, status, start))
+
+
 def _run_sequential(tasks: Sequence[CellTask], options: LaunchOptions, log: Callable[[str], None],
                     deadline: Optional[float]) -> list:
     """In this process, one after another; a QrlInputError (bad input) stops the study."""
@@ -186,7 +206,7 @@ def _run_processes(tasks: Sequence[CellTask], options: LaunchOptions, log: Calla
     context = multiprocessing.get_context("spawn")
     queue = [(task, 0) for task in tasks]
     workers = [_Worker(context) for _ in range(min(options.parallel, len(tasks)))]
-    failed, finished, clean = [], 0, False
+    tally, clean = _Tally(len(tasks), options.retries, log), False
     try:
         while True:
             for index, worker in enumerate(workers):
@@ -204,15 +224,7 @@ def _run_processes(tasks: Sequence[CellTask], options: LaunchOptions, log: Calla
                 if not worker.process.is_alive():
                     worker.stop(force=True)
                     workers[index] = _Worker(context)
-                reason = message.splitlines()[0] if kind == "failed" else None
-                if reason and attempt < options.retries:
-                    log(f"{task.label}: {reason}; retrying")
-                    queue.insert(0, (task, attempt + 1))
-                    continue
-                finished += 1
-                if reason:
-                    failed.append((task, reason))
-                log(_log_line(finished, len(tasks), task, reason, message, start))
+                tally.settle(task, attempt, start, message.splitlines()[0] if kind == "failed" else None, message, queue)
             busy = any(worker.task is not None for worker in workers)
             if not busy and (not queue or _past(deadline)):
                 break
@@ -224,7 +236,7 @@ def _run_processes(tasks: Sequence[CellTask], options: LaunchOptions, log: Calla
     finally:
         for worker in workers:
             worker.stop(force=not clean)
-    return failed
+    return tally.failed
 
 
 def _write_probe(path: str) -> None:
@@ -264,7 +276,7 @@ def _run_ray(tasks: Sequence[CellTask], options: LaunchOptions, workdir: str, lo
     running: dict = {}
     try:
         check_launch(backend, tasks, workdir, remote=options.ray_address is not None)
-        failed, finished = [], 0
+        tally = _Tally(len(tasks), options.retries, log)
 
         def submit(task: CellTask, attempt: int) -> None:
             handle = backend.submit(task.function, *task.args, num_cpus=task.num_cpus, num_gpus=task.num_gpus,
@@ -280,16 +292,8 @@ def _run_ray(tasks: Sequence[CellTask], options: LaunchOptions, workdir: str, lo
                 break
             for handle in backend.wait_any(list(running), timeout=POLL_SECONDS):
                 task, attempt, start = running.pop(handle)
-                reason, status = handle.outcome(), handle.result_status()
-                if reason and attempt < options.retries:
-                    log(f"{task.label}: {reason}; retrying")
-                    queue.insert(0, (task, attempt + 1))
-                    continue
-                finished += 1
-                if reason:
-                    failed.append((task, reason))
-                log(_log_line(finished, len(tasks), task, reason, status, start))
-        return failed
+                tally.settle(task, attempt, start, handle.outcome(), handle.result_status(), queue)
+        return tally.failed
     finally:
         for handle in running:
             handle.cancel()
