@@ -7,8 +7,8 @@ steps), dense and SNIP / GraSP at 90% over seeds 0.. (`--cells` cells in all, a 
 `--steps` updates and one `--eval_episodes` evaluation per cell. Arms, each into a fresh study directory, one after another
 in this run: `--launcher=local` (cells in this process, one after another), `--launcher=local
 --parallel=W` and `--launcher=ray` (a local Ray with one CPU per core). Each arm's cells' mean final
-returns are compared with the sequential arm's (the largest relative difference is printed: XLA's
-multi-threaded float sums differ between processes, and long runs let that grow). Prints wall seconds per arm and sequential / arm;
+returns are compared with the sequential arm's (the largest relative difference is printed; every
+arm runs its cells on one-thread XLA pools, as the study's cells ask for, so they should agree). Prints wall seconds per arm and sequential / arm;
 the goal (issue 20) is ≥ 1.7× for Ray with 2 workers on a 2-core machine.
 """
 
@@ -98,6 +98,11 @@ def run_arm(arm: str, dataset: str, directory: str, args) -> tuple[float, dict]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    # A study cell asks for a one-thread XLA pool (`launch.prune_runs` -> `qrl.runtime.configure_jax(1)`),
+    # which only takes effect before JAX starts its backend. Writing the dataset below starts it, so
+    # without this the sequential arm's cells would run on a pool of one thread per core (other float
+    # sums, and both cores for one cell) while every worker's cells run on one thread.
+    os.environ.setdefault("PJRT_NPROC", "1")
     machine = record()
     results = {"cells": args.cells, "steps": args.steps, "workers": args.workers, "hidden": args.hidden,
                "batch": args.batch, "eval_episodes": args.eval_episodes, "seconds": {}, "ratio": {},
