@@ -75,6 +75,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
     args.models = names
+    for flag, path in (("--write_dispatch", args.write_dispatch), ("--json", args.json)):
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            parser.error(f"{flag}: no directory {os.path.dirname(os.path.abspath(path))}")
     if not args.no_onnx and not _has_onnx(args.peer_python):
         parser.error(f"{args.peer_python} lacks onnx / onnxruntime: `make bench-deps` installs them "
                      "(.venv-bench), or pass --no_onnx")

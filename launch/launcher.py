@@ -175,28 +175,19 @@ class _Tally:
 def _run_sequential(tasks: Sequence[CellTask], options: LaunchOptions, log: Callable[[str], None],
                     deadline: Optional[float]) -> list:
     """In this process, one after another; a QrlInputError (bad input) stops the study."""
-    failed = []
-    for index, task in enumerate(tasks, start=1):
-        if _past(deadline):
-            break
+    tally, queue = _Tally(len(tasks), options.retries, log), [(task, 0) for task in tasks]
+    while queue and not _past(deadline):
+        task, attempt = queue.pop(0)
         start = time.perf_counter()
-        reason, status = None, "done"
-        for attempt in range(options.retries + 1):
-            try:
-                result = task.function(*task.args)
-            except QrlInputError:
-                raise
-            except Exception as error:  # noqa: BLE001 - a failure is this task's; the study goes on.
-                reason = _reason(error)
-                if attempt < options.retries:
-                    log(f"{task.label}: {reason}; retrying")
-                continue
-            reason, status = None, result if isinstance(result, str) else "done"
-            break
-        if reason:
-            failed.append((task, reason))
-        log(_log_line(index, len(tasks), task, reason, status, start))
-    return failed
+        try:
+            result = task.function(*task.args)
+        except QrlInputError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a failure is this task's; the study goes on.
+            tally.settle(task, attempt, start, _reason(error), "", queue)
+            continue
+        tally.settle(task, attempt, start, None, result if isinstance(result, str) else "done", queue)
+    return tally.failed
 
 
 def _run_processes(tasks: Sequence[CellTask], options: LaunchOptions, log: Callable[[str], None],
@@ -258,7 +249,7 @@ def check_launch(backend, tasks: Sequence[CellTask], workdir: str, remote: bool)
     probe = os.path.join(os.path.abspath(workdir), f".probe-{uuid.uuid4().hex}")
     outcome = backend.submit(_write_probe, probe, num_cpus=0.0, name="qrl-study-probe")
     backend.wait_any([outcome], timeout=120.0)
-    reason = outcome.outcome() if outcome.done() else "the probe task did not finish in 120 s"
+    reason = outcome.outcome()[0] if outcome.done() else "the probe task did not finish in 120 s"
     seen = os.path.exists(probe)
     if seen:
         os.remove(probe)
@@ -292,7 +283,7 @@ def _run_ray(tasks: Sequence[CellTask], options: LaunchOptions, workdir: str, lo
                 break
             for handle in backend.wait_any(list(running), timeout=POLL_SECONDS):
                 task, attempt, start = running.pop(handle)
-                tally.settle(task, attempt, start, handle.outcome(), handle.result_status(), queue)
+                tally.settle(task, attempt, start, *handle.outcome(), queue)
         return tally.failed
     finally:
         for handle in running:

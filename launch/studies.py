@@ -222,7 +222,7 @@ def run_cell(
     log_path = os.path.join(cell_dir, "log.txt")
     os.makedirs(cell_dir, exist_ok=True)
     done = {"trained": False, "evaluated": False}
-    eval_dir = os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
+    eval_dir = _eval_dir(cell, cell_dir)
     evaluated = os.path.exists(os.path.join(eval_dir, runs.RESULTS_FILE))
     # Train again a run that did not finish, and a finished one whose checkpoints are gone (a
     # study resumed from its committed results) while its evaluation is still to do.
@@ -318,9 +318,13 @@ def run_cell_task(cell: Cell, study_dir: str, precisions: str, episodes: int, ov
 def is_done(cell: Cell, study_dir: str) -> bool:
     """Whether a cell has its training results and its evaluation."""
     cell_dir = os.path.join(study_dir, cell.relative_dir)
-    eval_dir = os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
     return (os.path.exists(os.path.join(cell_dir, TRAIN_DIR, runs.RESULTS_FILE))
-            and os.path.exists(os.path.join(eval_dir, runs.RESULTS_FILE)))
+            and os.path.exists(os.path.join(_eval_dir(cell, cell_dir), runs.RESULTS_FILE)))
+
+
+def _eval_dir(cell: Cell, cell_dir: str) -> str:
+    """Where a cell's evaluation goes: the QAT export's or the PTQ sweep's directory."""
+    return os.path.join(cell_dir, QAT_EVAL_DIR if cell.qat_bits else PTQ_DIR)
 
 
 def write_weight_plots(study_dir: str, cells: Sequence[Cell], precisions: str) -> dict:

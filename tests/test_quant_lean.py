@@ -153,6 +153,16 @@ def test_serving_unit_reads_the_nearest_measured_policy_then_batch():
         lean.serving_unit(1, 10, isa="X", table={"X": {"entries": [{"params": 10, "batch": 1, "unit": "fp8"}]}})
 
 
+def test_a_corrupt_dispatch_table_is_one_input_error(tmp_path):
+    path = tmp_path / "table.json"
+    path.write_text("{not json")
+    with pytest.raises(QrlInputError, match="not a readable dispatch table"):
+        lean.load_dispatch_table(str(path))
+    path.write_text("[]")
+    with pytest.raises(QrlInputError, match="keyed by ISA class"):
+        lean.load_dispatch_table(str(path))
+
+
 def test_the_shipped_dispatch_table_names_known_units_per_isa_class():
     table = lean.load_dispatch_table()
     assert table, "qrl/quant/lean_dispatch.json is missing or empty"
@@ -185,7 +195,8 @@ def test_the_benchmark_times_every_candidate_and_writes_cells_and_a_dispatch_tab
 
 
 @pytest.mark.parametrize("arguments", [["--batches=0"], ["--batches=a"], ["--models=mlp 9-9"], ["--rounds=0"],
-                                       ["--peer_python=/nonexistent/python"]])
+                                       ["--peer_python=/nonexistent/python"], ["--write_dispatch=/nonexistent/t.json"],
+                                       ["--no_onnx", "--json=/nonexistent/r.json"]])
 def test_the_benchmark_refuses_bad_flags_with_exit_2(arguments):
     completed = subprocess.run([sys.executable, "-m", "bench.int8_lean", "--quick", *arguments], cwd=REPO_ROOT,
                                capture_output=True, text=True)

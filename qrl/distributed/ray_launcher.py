@@ -76,42 +76,32 @@ class RayHandle:
         getattr(self.actor, method).remote(*args, **kwargs)
 
 
-class RayTask:
+class RayTask(RayFuture):
     """A function running as one Ray task (`RayBackend.submit`)."""
 
-    def __init__(self, ref: "ray.ObjectRef"):
-        self.ref = ref
+    @property
+    def ref(self) -> "ray.ObjectRef":
+        return self._ref
 
-    def done(self) -> bool:
-        ready, _ = ray.wait([self.ref], timeout=0)
-        return bool(ready)
-
-    def outcome(self) -> Optional[str]:
-        """None when the function returned; else one line: what it raised (`Type: message`), or
-        that its worker process died."""
+    def outcome(self) -> tuple:
+        """`(None, status)` when the function returned (its return value when that is a short
+        status string, else "done"); `(reason, "failed")` otherwise, the reason one line: what it
+        raised (`Type: message`), or that its worker process died."""
         try:
-            ray.get(self.ref)
+            value = ray.get(self._ref)
         except ray.exceptions.RayTaskError as error:
-            return _last_line(error)
+            return _last_line(error), "failed"
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.RayActorError):
-            return "its worker process died"
+            return "its worker process died", "failed"
         except ray.exceptions.TaskCancelledError:
-            return "cancelled"
+            return "cancelled", "failed"
         except ray.exceptions.RayError as error:
-            return f"{type(error).__name__}: {_last_line(error)}"
-        return None
-
-    def result_status(self) -> str:
-        """What the function returned when it is a short status string, else "done"."""
-        try:
-            value = ray.get(self.ref)
-        except ray.exceptions.RayError:
-            return "failed"
-        return value if isinstance(value, str) else "done"
+            return f"{type(error).__name__}: {_last_line(error)}", "failed"
+        return None, value if isinstance(value, str) else "done"
 
     def cancel(self) -> None:
         try:
-            ray.cancel(self.ref, force=True)
+            ray.cancel(self._ref, force=True)
         except Exception:  # already finished or gone
             pass
 

@@ -27,6 +27,7 @@ the ISA and the batch size: `serving_unit` reads the measured table `lean_dispat
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -81,10 +82,6 @@ class LeanLayout:
         return tuple(layer.unit for layer in self.layers)
 
 
-def _layer_precisions(precision: Precision, count: int) -> list:
-    return [precision.for_layer(index == 0, index == count - 1) for index in range(count)]
-
-
 def pack_mlp(params: Mapping, precision: Precision, unit: str = "int8", activation: str = "relu",
              activate_final: bool = False) -> tuple:
     """`(layout, packed)` for an MLP's integer params (`quantize_params` of a `qrl.networks.MLP`
@@ -101,7 +98,7 @@ def pack_mlp(params: Mapping, precision: Precision, unit: str = "int8", activati
     names = sorted((key for key in params if key.startswith("dense_")), key=lambda key: int(key.split("_")[1]))
     if not names or set(params) != set(names) or names != [f"dense_{index}" for index in range(len(names))]:
         raise QrlInputError(f"lean serving packs MLPs of dense_0 … dense_<L-1> layers only, got {sorted(params)}")
-    layer_precisions = _layer_precisions(precision, len(names))
+    layer_precisions = [precision.for_layer(index == 0, index == len(names) - 1) for index in range(len(names))]
     for layer_precision in layer_precisions:
         if not layer_precision.quantizes_activations or layer_precision.trainable or layer_precision.is_float:
             raise QrlInputError(f"{precision.name}: lean serving needs integer weights and activations in every layer")
@@ -180,15 +177,11 @@ def _forward(layout: LeanLayout, packed, x: jax.Array) -> jax.Array:
     return x
 
 
-_COMPILED: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def lean_apply(layout: LeanLayout) -> Callable:
     """The jitted `apply(packed, x [B, n_in]) -> [B, n_out]` float32 of a packed policy (one
     compiled function per layout)."""
-    if layout not in _COMPILED:
-        _COMPILED[layout] = jax.jit(lambda packed, x: _forward(layout, packed, x))
-    return _COMPILED[layout]
+    return jax.jit(functools.partial(_forward, layout))
 
 
 def load_dispatch_table(path: str = DISPATCH_TABLE) -> dict:
@@ -196,8 +189,11 @@ def load_dispatch_table(path: str = DISPATCH_TABLE) -> dict:
     (plain JSON; an absent file is an empty table)."""
     if not os.path.exists(path):
         return {}
-    with open(path, encoding="utf-8") as handle:
-        table = json.load(handle)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            table = json.load(handle)
+    except (OSError, json.JSONDecodeError) as error:
+        raise QrlInputError(f"{path}: not a readable dispatch table ({error})") from None
     if not isinstance(table, dict):
         raise QrlInputError(f"{path}: a dispatch table is a JSON object keyed by ISA class")
     return table
