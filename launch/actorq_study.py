@@ -7,10 +7,15 @@ then speedup, throughput, runtime-breakdown and carbon tables against fp32 actor
 
 Each cell is one `python -m launch.actorq` run into `<workdir>/cells/<env>/<precision>/seed<k>/`
 (its log beside it as `seed<k>.log`); weights travel at the actors' precision (fp16, bf16, int8)
-or fp32. Cells run one at a time, since each times itself, in the order env → seed → precision so
-that load drift on the machine touches every precision alike. A cell whose results.json exists is
-reused; one that fails is reported and the study goes on. The study then writes report.md,
-summary.json and plots/ into the workdir (`qrl.distributed.report`), and exits 1 if a cell failed.
+or fp32. `--launcher` says where a cell's learner and actors run: `local`, threads in the cell's
+own process; `ray`, a Ray process per node, on a local Ray the cell starts (127.0.0.1) or on the
+cluster at `--ray_address` — an ActorQ cell is itself a distributed job, so on a cluster its nodes,
+not the cells, are what Ray spreads. Cells run one at a time by default, since each times itself,
+in the order env → seed → precision so that load drift on the machine touches every precision
+alike; `--parallel=N` runs N at once (`launch.launcher`'s local processes), for a grid whose speed
+is not the point. A cell whose results.json exists is reused; one that fails is retried once, then
+reported, and the study goes on. The study then writes report.md, summary.json and plots/ into
+the workdir (`qrl.distributed.report`), and exits 1 if a cell failed; Ctrl-C stops it (exit 130).
 """
 
 import dataclasses
@@ -18,13 +23,12 @@ import math
 import os
 import subprocess
 import sys
-import time
 import typing
 from typing import Callable, Optional, Sequence
 
 from absl import flags
 
-from launch import common, studies
+from launch import common, launcher, studies
 from qrl import io, workdirs
 from qrl.errors import QrlInputError
 
@@ -36,6 +40,9 @@ STUDY_FLAGS = ("agent", "env", "actor_precision", "comm_precision", "seed", "wor
                "max_seconds", "max_learner_steps", "max_actor_steps", "launcher", "ray_address", "ray_bind_address")
 # launch.actorq flags a --run_flag may give that are not ActorQConfig fields.
 RUN_ONLY_FLAGS = ("set", "resume", "overwrite")
+
+# The study's --launcher values and the --launcher each cell's launch.actorq run gets.
+NODE_LAUNCHERS = {"local": "inprocess", "ray": "ray"}
 
 Runner = Callable[[Sequence[str], str], int]
 
@@ -50,8 +57,13 @@ flags.DEFINE_float("max_seconds", None, "Wall-time budget per cell.")
 flags.DEFINE_integer("max_learner_steps", None, "Learner-step budget per cell.")
 flags.DEFINE_integer("max_actor_steps", None, "Actor-step budget per cell.")
 flags.DEFINE_multi_string("run_flag", [], "Extra launch.actorq flag for every cell (repeatable), e.g. --run_flag=--num_actors=2.")
-flags.DEFINE_enum("launcher", "inprocess", ["inprocess", "ray"], "How each cell launches its nodes.")
-flags.DEFINE_string("ray_address", None, "Ray cluster address for --launcher=ray (default: a local Ray).")
+flags.DEFINE_enum("launcher", "local", list(NODE_LAUNCHERS),
+                  "Where each cell's learner and actors run: local (threads in the cell's process) or ray (a Ray "
+                  "process per node, on a local Ray on 127.0.0.1 or the cluster at --ray_address).")
+flags.DEFINE_integer("parallel", 1, "Cells run at once, each in its own process (1: one after another, as "
+                     "speedups are measured: each cell times itself).")
+flags.DEFINE_string("ray_address", None, "--launcher=ray: host:port of a running Ray cluster's GCS (default: each "
+                    "cell starts a local Ray).")
 flags.DEFINE_string("ray_bind_address", None,
                     "Each cell's --ray_bind_address (default launch.actorq's, 127.0.0.1: this machine only).")
 
@@ -70,9 +82,10 @@ class StudyOptions:
     max_learner_steps: Optional[int] = None
     max_actor_steps: Optional[int] = None
     run_flags: tuple[str, ...] = ()
-    launcher: str = "inprocess"
+    launcher: str = "local"
     ray_address: Optional[str] = None
     ray_bind_address: Optional[str] = None
+    parallel: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +123,8 @@ def make_options(
     workdir: Optional[str], agent: str, envs: str, precisions: str, seeds: str,
     target_return: Optional[float] = None, max_seconds: Optional[float] = None,
     max_learner_steps: Optional[int] = None, max_actor_steps: Optional[int] = None,
-    run_flags: Sequence[str] = (), launcher: str = "inprocess", ray_address: Optional[str] = None,
-    ray_bind_address: Optional[str] = None,
+    run_flags: Sequence[str] = (), launcher: str = "local", ray_address: Optional[str] = None,
+    ray_bind_address: Optional[str] = None, parallel: int = 1,
 ) -> StudyOptions:
     """Parses and checks the study's flags (comma-separated lists); bad input -> QrlInputError.
     `check_cells` then checks what each cell will run (environments exist, every setting in range)."""
@@ -142,12 +155,16 @@ def make_options(
     if (target_return, max_seconds, max_learner_steps, max_actor_steps) == (None, None, None, None):
         raise QrlInputError("give a stop condition for every cell: --target_return, --max_seconds, "
                             "--max_learner_steps or --max_actor_steps")
-    if launcher not in ("inprocess", "ray"):
-        raise QrlInputError(f"--launcher must be inprocess or ray, got {launcher!r}")
+    if launcher not in NODE_LAUNCHERS:
+        raise QrlInputError(f"--launcher must be one of {', '.join(NODE_LAUNCHERS)}, got {launcher!r}")
+    if ray_address and launcher != "ray":
+        raise QrlInputError("--ray_address needs --launcher=ray")
+    if parallel < 1:
+        raise QrlInputError(f"--parallel must be >= 1, got {parallel}")
     return StudyOptions(
         common.require_workdir(workdir), check_agent(agent), tuple(env_ids), tuple(precision_list), tuple(seed_list),
         target_return, max_seconds, max_learner_steps, max_actor_steps,
-        tuple(_check_run_flag(item) for item in run_flags), launcher, ray_address, ray_bind_address,
+        tuple(_check_run_flag(item) for item in run_flags), launcher, ray_address, ray_bind_address, parallel,
     )
 
 
@@ -176,7 +193,8 @@ def cell_config(cell: Cell, options: StudyOptions):
     bind = {"ray_bind_address": options.ray_bind_address} if options.ray_bind_address else {}
     given = {
         **values, "agent": options.agent, "env": cell.env, "seed": cell.seed, "actor_precision": cell.precision,
-        "comm_precision": cell.comm_precision, "launcher": options.launcher, "ray_address": options.ray_address,
+        "comm_precision": cell.comm_precision, "launcher": NODE_LAUNCHERS[options.launcher],
+        "ray_address": options.ray_address,
         **stops, **bind,
     }
     config = ActorQConfig(**given, overrides=common.parse_overrides(overrides))
@@ -232,7 +250,8 @@ def cell_argv(cell: Cell, options: StudyOptions) -> list[str]:
     """`python -m launch.actorq ...` for one cell."""
     argv = [sys.executable, "-m", ACTORQ_MODULE, f"--agent={options.agent}", f"--env={cell.env}",
             f"--actor_precision={cell.precision}", f"--comm_precision={cell.comm_precision}", f"--seed={cell.seed}",
-            f"--workdir={os.path.join(options.workdir, cell.relative_dir)}", f"--launcher={options.launcher}"]
+            f"--workdir={os.path.join(options.workdir, cell.relative_dir)}",
+            f"--launcher={NODE_LAUNCHERS[options.launcher]}"]
     for name in ("target_return", "max_seconds", "max_learner_steps", "max_actor_steps", "ray_address",
                  "ray_bind_address"):
         value = getattr(options, name)
@@ -259,20 +278,23 @@ def _last_line(log_path: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_subprocess) -> Optional[str]:
-    """Runs one cell unless its results.json exists: "already done", "ran", or None with the
-    failure left in its log (raises nothing for a failed run)."""
+def run_cell(cell: Cell, options: StudyOptions, runner: Runner = run_subprocess) -> str:
+    """Runs one cell unless its results.json exists: "already done" or "ran"; a failed run raises
+    `launcher.CellFailure` with the last line of its log (the whole log is beside the cell)."""
     cell_dir = os.path.join(options.workdir, cell.relative_dir)
     if os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
         return "already done"
     workdirs.remove_outputs(cell_dir)  # an unfinished run: start it again.
     os.makedirs(os.path.dirname(cell_dir), exist_ok=True)
     status = runner(cell_argv(cell, options), cell_dir + ".log")
-    return "ran" if status == 0 and os.path.exists(os.path.join(cell_dir, RESULTS_FILE)) else None
+    if status == 0 and os.path.exists(os.path.join(cell_dir, RESULTS_FILE)):
+        return "ran"
+    raise launcher.CellFailure(_last_line(cell_dir + ".log"))
 
 
 def run_study(options: StudyOptions, runner: Runner = run_subprocess, log: Callable[[str], None] = print) -> dict:
-    """Runs the cells not done yet (one at a time), then writes the report over every finished cell.
+    """Runs the cells not done yet (one at a time, or `options.parallel` at once), retrying a
+    failed cell once, then writes the report over every finished cell.
 
     Returns {"paths": write_report's paths or None when no cell finished, "failed": [labels]}.
     """
@@ -282,15 +304,11 @@ def run_study(options: StudyOptions, runner: Runner = run_subprocess, log: Calla
     os.makedirs(options.workdir, exist_ok=True)
     io.atomic_write_json(os.path.join(options.workdir, "study.json"),
                          {**dataclasses.asdict(options), "cells": [dataclasses.asdict(cell) for cell in cells]})
-    failed = []
-    for index, cell in enumerate(cells, start=1):
-        start = time.perf_counter()
-        what = run_cell(cell, options, runner)
-        log_path = os.path.join(options.workdir, cell.relative_dir) + ".log"
-        if what is None:
-            failed.append(f"{cell.label} (log {log_path})")
-            what = f"FAILED: {_last_line(log_path)}"
-        log(f"[{index}/{len(cells)}] {cell.label}: {what} ({time.perf_counter() - start:.0f} s)")
+    tasks = [launcher.CellTask(cell.label, run_cell, (cell, options, runner)) for cell in cells]
+    by_label = {cell.label: cell for cell in cells}
+    failures = launcher.run_tasks(tasks, launcher.LaunchOptions(parallel=options.parallel), options.workdir, log=log)
+    failed = [f"{task.label} ({reason}; log {os.path.join(options.workdir, by_label[task.label].relative_dir)}.log)"
+              for task, reason in failures]
     results = [io.read_json(path) for path in
                (os.path.join(options.workdir, cell.relative_dir, RESULTS_FILE) for cell in cells) if os.path.exists(path)]
     paths = write_report(results, options.workdir, options.target_return, missing=failed) if results else None
@@ -301,10 +319,10 @@ def run() -> None:
     options = make_options(
         FLAGS.workdir, FLAGS.agent, FLAGS.envs, FLAGS.precisions, FLAGS.seeds, FLAGS.target_return,
         FLAGS.max_seconds, FLAGS.max_learner_steps, FLAGS.max_actor_steps, FLAGS.run_flag, FLAGS.launcher,
-        FLAGS.ray_address, FLAGS.ray_bind_address,
+        FLAGS.ray_address, FLAGS.ray_bind_address, FLAGS.parallel,
     )
     check_cells(options)
-    studies.report_outcome(run_study(options), "ActorQ study")
+    studies.run_and_report(lambda: run_study(options), "ActorQ study")
 
 
 if __name__ == "__main__":

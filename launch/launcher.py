@@ -87,8 +87,14 @@ def make_options(launcher: str = "local", parallel: int = 1, ray_address: Option
     return LaunchOptions(launcher, parallel, ray_address or None, retries)
 
 
+class CellFailure(Exception):
+    """Raised by a task whose cell failed with a one-line reason of its own (a subprocess's last
+    line): reported as that line, without the exception's type."""
+
+
 def _reason(error: BaseException) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+    text = " ".join(str(error).split())
+    return text if isinstance(error, CellFailure) else f"{type(error).__name__}: {text}"
 
 
 def _worker_loop(connection) -> None:

@@ -432,8 +432,9 @@ def run() -> None:
         FLAGS.separate, FLAGS.temperature, FLAGS.reinit, FLAGS.iterations, FLAGS.vae, FLAGS.configs_per_program,
     )
     launch_options = launcher.options_from_flags()
-    studies.report_outcome(run_study(options, progress=FLAGS.progress, stop_after_s=60.0 * FLAGS.stop_after_minutes,
-                                     launch_options=launch_options), "pruning study")
+    studies.run_and_report(lambda: run_study(options, progress=FLAGS.progress,
+                                             stop_after_s=60.0 * FLAGS.stop_after_minutes,
+                                             launch_options=launch_options), "pruning study")
 
 
 if __name__ == "__main__":

@@ -56,14 +56,13 @@ def run() -> None:
     eval_args = [f"--calibration_steps={FLAGS.probe_steps}", f"--divergence_steps={FLAGS.probe_steps}"]
     if FLAGS.eval_max_steps is not None:
         eval_args.append(f"--max_steps={FLAGS.eval_max_steps}")
-    outcome = studies.run_study(
+    studies.run_and_report(lambda: studies.run_study(
         workdir, agents, studies.parse_list(FLAGS.envs, "envs"),
         studies.parse_ints(FLAGS.seeds, "seeds"), FLAGS.precisions, studies.parse_qat_bits(FLAGS.qat_bits),
         episodes=FLAGS.episodes, steps=FLAGS.steps, quant_delay_fraction=FLAGS.quant_delay_fraction,
         overrides=studies.split_agent_overrides(FLAGS.set, agents), skip_incompatible=FLAGS.skip_incompatible,
         eval_args=eval_args, num_envs=FLAGS.num_envs, launch_options=launch_options,
-    )
-    studies.report_outcome(outcome, "QuaRL study")
+    ), "QuaRL study")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ run that did not finish starts again. `qrl.quant.study_report` then writes the s
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 from typing import Callable, Mapping, Optional, Sequence
@@ -345,6 +346,19 @@ def write_weight_plots(study_dir: str, cells: Sequence[Cell], precisions: str) -
             study_report.plot_weight_histograms(params, parsed, f"{cell.agent} on {cell.env_id}, seed {cell.seed}", path)
         plots[key] = path
     return plots
+
+
+def run_and_report(run_study: Callable[[], dict], what: str) -> None:
+    """A study CLI's body: `run_study()`, then `report_outcome`. Ctrl-C or SIGTERM stops the study
+    with one line and exit status 130: the launcher has cancelled pending cells, stopped running
+    ones and the local Ray it started; finished cells stay, so a rerun resumes."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        outcome = run_study()
+    except KeyboardInterrupt:
+        print(f"interrupted: {what} stopped; finished cells are kept and a rerun resumes", file=sys.stderr)
+        sys.exit(130)
+    report_outcome(outcome, what)
 
 
 def report_outcome(outcome: dict, what: str) -> None:

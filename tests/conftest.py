@@ -3,14 +3,18 @@
 Each module's first test prints the wall time since the session started and the 1-minute load
 average, so a slow CI log shows where the time went and whether something else was using the
 cores. When a module ends, processes it started that are still alive (a subprocess whose driver
-failed, say) are killed and named, so they cannot slow every later test.
+failed, say) are killed and named, so they cannot slow every later test. `run_id` marks a test's
+Ray processes (`tests.ray_processes`).
 """
 
 import os
 import time
+import uuid
 
 import psutil
 import pytest
+
+from tests.ray_processes import kill_marked
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
@@ -49,3 +53,13 @@ def _no_processes_left_behind():
             print(f"\n[killed a process left behind: {process.pid} {name}]", flush=True)
         except psutil.Error:
             continue
+
+
+@pytest.fixture
+def run_id():
+    """A marker for a test's Ray processes (`tests.ray_processes`); whatever still carries it at
+    teardown is killed, so a failing run never leaves Ray processes competing with the rest of
+    the suite for the CPUs."""
+    marker = uuid.uuid4().hex
+    yield marker
+    kill_marked(marker)

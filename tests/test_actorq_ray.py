@@ -13,10 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
+from uuid import uuid4
 
 import psutil
 import pytest
+
+from tests.ray_processes import assert_no_orphans, kill_marked, loopback_cluster, marked_env, run_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL_DQN = [
@@ -26,25 +28,9 @@ SMALL_DQN = [
 ]
 
 
-RUN_MARKER = "QRL_TEST_RAY_RUN"  # set in the driver's environment; every Ray process it starts inherits it
-
-
-def _run_processes(run_id: str) -> list[psutil.Process]:
-    """Live processes started by this test's driver: the driver's environment (and so every Ray
-    process under it — raylet, GCS, agents, workers) carries `RUN_MARKER=run_id`."""
-    found = []
-    for process in psutil.process_iter(["name", "cmdline"]):
-        try:
-            if process.environ().get(RUN_MARKER) == run_id and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
 def _node_processes(run_id: str, node_class: str) -> list[psutil.Process]:
     marker = f"ray::{node_class}"
-    return [p for p in _run_processes(run_id) if marker in " ".join([p.info["name"] or ""] + (p.info["cmdline"] or []))]
+    return [p for p in run_processes(run_id) if marker in " ".join([p.info["name"] or ""] + (p.info["cmdline"] or []))]
 
 
 def _actor_processes(run_id: str) -> list[psutil.Process]:
@@ -55,7 +41,7 @@ def _listening_sockets(run_id: str, driver_pid: int) -> list[tuple[int, str, str
     """(pid, process name, "ip:port") of every listening TCP and every bound UDP socket of the run:
     its marked processes and the driver's process tree (Ray's agents start with an environment
     of their own, without the marker)."""
-    processes = {process.pid: process for process in _run_processes(run_id)}
+    processes = {process.pid: process for process in run_processes(run_id)}
     driver = psutil.Process(driver_pid)
     processes.update({process.pid: process for process in [driver, *driver.children(recursive=True)]})
     found = []
@@ -80,30 +66,8 @@ def _latest_checkpoint(workdir) -> int | None:
     return max(steps) if steps else None
 
 
-def _assert_no_orphans(run_id: str, grace: float = 15.0) -> None:
-    deadline = time.monotonic() + grace
-    left = _run_processes(run_id)
-    while left and time.monotonic() < deadline:
-        time.sleep(0.5)
-        left = _run_processes(run_id)
-    assert not left, f"processes left behind: {[(p.pid, p.info['name']) for p in left]}"
-
-
-@pytest.fixture
-def run_id():
-    """A marker for this test's processes; whatever still carries it at teardown is killed, so a
-    failing run never leaves Ray processes competing with the rest of the suite for the CPUs."""
-    marker = uuid.uuid4().hex
-    yield marker
-    for process in _run_processes(marker):
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-
-
 def _start(run_id: str, workdir, *flags, separate_stderr: bool = False) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": REPO, RUN_MARKER: run_id}
+    env = marked_env(run_id, REPO)
     # A shell's background job starts with SIGINT ignored and its children inherit that; the driver
     # must start with the default disposition, as from a terminal, for Ctrl-C to reach it.
     return subprocess.Popen(
@@ -152,7 +116,7 @@ def test_killed_actor_is_restarted_and_nothing_is_left_behind(tmp_path, run_id):
     assert sum(results["restarts"].values()) >= 1, results["restarts"]
     assert results["stop_reason"] == "max_seconds"
     assert results["counts"]["learner_steps"] > 0 and results["counts"]["actor_steps"] > 0
-    _assert_no_orphans(run_id)
+    assert_no_orphans(run_id)
 
 
 def test_ctrl_c_stops_every_node(tmp_path, run_id):
@@ -167,7 +131,7 @@ def test_ctrl_c_stops_every_node(tmp_path, run_id):
             process.kill()
     assert process.returncode == 130, output
     assert "interrupted" in output
-    _assert_no_orphans(run_id)
+    assert_no_orphans(run_id)
 
 
 def test_sigterm_ends_like_ctrl_c_with_a_final_checkpoint_and_every_socket_is_on_loopback(tmp_path, run_id):
@@ -189,7 +153,7 @@ def test_sigterm_ends_like_ctrl_c_with_a_final_checkpoint_and_every_socket_is_on
     assert process.returncode == 130, output
     assert "interrupted" in output
     assert _latest_checkpoint(workdir) is not None, "no final checkpoint"
-    _assert_no_orphans(run_id)
+    assert_no_orphans(run_id)
     assert not [child.pid for child in tree if _alive(child)], "processes left behind"
 
 
@@ -204,7 +168,7 @@ def _alive(process: psutil.Process) -> bool:
 def killed_learner_run(tmp_path_factory):
     """A Ray run whose learner process is killed after its first checkpoints: (driver, stdout,
     stderr, workdir)."""
-    run_id = uuid.uuid4().hex
+    run_id = uuid4().hex
     workdir = tmp_path_factory.mktemp("killed") / "run"
     process = _start(run_id, workdir, "--num_actors=1", "--max_seconds=300", "--checkpoint_every=20",
                      separate_stderr=True)
@@ -220,11 +184,7 @@ def killed_learner_run(tmp_path_factory):
         if process.poll() is None:
             process.kill()
     yield process, stdout, stderr, workdir, run_id
-    for leftover in _run_processes(run_id):
-        try:
-            leftover.kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_marked(run_id)
 
 
 def _node_processes_when_started(run_id: str, node_class: str, process: subprocess.Popen) -> psutil.Process:
@@ -248,7 +208,7 @@ def test_killed_learner_ends_the_run_with_one_line_and_its_checkpoint_intact(kil
                         f"{os.path.join(workdir, 'checkpoints')}")
     # orbax renames a step's directory into place once written: a numbered one is whole.
     assert os.path.getsize(os.path.join(workdir, "checkpoints", str(step), "state", "_METADATA")) > 0
-    _assert_no_orphans(run_id)
+    assert_no_orphans(run_id)
 
 
 def test_resume_from_corrupt_checkpoints_is_one_line_and_exit_2(killed_learner_run, tmp_path, run_id):
@@ -270,19 +230,7 @@ def test_resume_from_corrupt_checkpoints_is_one_line_and_exit_2(killed_learner_r
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert process.returncode == 2, stderr
     assert len(lines) == 1 and lines[0].startswith("error: ") and "checkpoint" in lines[0], stderr
-    _assert_no_orphans(run_id)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _raylets(run_id: str) -> set[int]:
-    return {process.pid for process in _run_processes(run_id) if "raylet" in (process.info["name"] or "")}
+    assert_no_orphans(run_id)
 
 
 def test_actors_run_on_the_second_node_of_a_two_node_cluster(tmp_path, run_id):
@@ -290,34 +238,19 @@ def test_actors_run_on_the_second_node_of_a_two_node_cluster(tmp_path, run_id):
     both on 127.0.0.1, token-authenticated as Ray >= 2.59 sets up clusters; ActorQ joins with
     --ray_address, its actors land on the second node, the run finishes, and stopping the cluster
     leaves no process behind."""
-    import secrets
-
-    port = _free_port()
-    env = {**os.environ, "PYTHONPATH": REPO, RUN_MARKER: run_id, "RAY_AUTH_MODE": "token",
-           "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
-    try:
-        subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-                        *common], env=env, check=True, capture_output=True, timeout=120)
-        head = _raylets(run_id)
-        subprocess.run([ray_cli, "start", f"--address=127.0.0.1:{port}", "--num-cpus=2",
-                        '--resources={"actor_host": 2}', *common], env=env, check=True, capture_output=True, timeout=120)
-        (second,) = _raylets(run_id) - head
+    with loopback_cluster(run_id, REPO, node_cpus=(2, 2), worker_resources='{"actor_host": 2}') as (address, env, nodes):
         workdir = tmp_path / "run"
         driver = subprocess.Popen(
-            [sys.executable, "-m", "launch.actorq", "--launcher=ray", f"--ray_address=127.0.0.1:{port}",
+            [sys.executable, "-m", "launch.actorq", "--launcher=ray", f"--ray_address={address}",
              "--actor_resources=actor_host:1", "--num_actors=2", "--max_learner_steps=30", f"--workdir={workdir}",
              *SMALL_DQN],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         actors = _wait_for_actors(run_id, 2, driver)
-        assert {actor.ppid() for actor in actors} == {second}, "every actor runs on the node offering actor_host"
+        assert {actor.ppid() for actor in actors} == {nodes[1]}, "every actor runs on the node offering actor_host"
         output = _communicate(driver, 240)
         assert driver.returncode == 0, output[-3000:]
         results = json.loads((workdir / "results.json").read_text())
         assert results["config"]["actor_resources"] == {"actor_host": 1.0} and results["counts"]["learner_steps"] >= 30
         for node_class in ("Actor", "Learner", "ReplayServer", "Broadcaster", "Evaluator", "Counter"):
             assert not _node_processes(run_id, node_class), f"{node_class} left on the cluster after the run"
-    finally:
-        subprocess.run([ray_cli, "stop", "--force"], env=env, capture_output=True, timeout=120)
-    _assert_no_orphans(run_id)
+    assert_no_orphans(run_id)

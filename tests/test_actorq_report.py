@@ -278,6 +278,9 @@ def test_study_bad_input_is_one_line_and_exit_2(tmp_path, args, fragment):
     ({"seeds": ""}, "--seeds is empty"),
     ({"workdir": None}, "--workdir is required"),
     ({"max_seconds": None}, "give a stop condition for every cell"),
+    ({"parallel": 0}, "--parallel must be >= 1"),
+    ({"launcher": "inprocess"}, "--launcher must be one of local, ray"),
+    ({"ray_address": "127.0.0.1:6379"}, "--ray_address needs --launcher=ray"),
 ])
 def test_study_options_reject_bad_input(tmp_path, changes, fragment):
     arguments = {"workdir": str(tmp_path / "study"), "agent": "d4pg", "envs": CARTPOLE, "precisions": "fp32,int8",
@@ -322,15 +325,19 @@ def test_study_runs_cells_reuses_finished_ones_and_survives_failures(tmp_path):
                                         max_seconds=30.0, run_flags=["--num_actors=2"])
     runner, lines = FakeRunner(), []
     outcome = actorq_study.run_study(options, runner=runner, log=lines.append)
-    assert len(runner.calls) == 4
+    assert len(runner.calls) == 5  # the failing cell is retried once
     first = runner.calls[0]
     assert first[:3] == [sys.executable, "-m", actorq_study.ACTORQ_MODULE]
     assert first[3:] == ["--agent=d4pg", f"--env={CARTPOLE}", "--actor_precision=fp32", "--comm_precision=fp32",
                          "--seed=0", f"--workdir={workdir}/cells/dmc_cartpole-balance/fp32/seed0",
                          "--launcher=inprocess", "--target_return=800.0", "--max_seconds=30.0", "--num_actors=2"]
     assert "--comm_precision=int8" in runner.calls[1] and "--seed=0" in runner.calls[1]
-    assert lines[3].startswith(f"[4/4] {CARTPOLE} int8 seed 1: FAILED: error: actor crashed")
-    assert outcome["failed"] == [f"{CARTPOLE} int8 seed 1 (log {workdir}/cells/dmc_cartpole-balance/int8/seed1.log)"]
+    assert lines[3] == f"{CARTPOLE} int8 seed 1: error: actor crashed; retrying"
+    assert runner.calls[4] == runner.calls[3]
+    assert lines[4].startswith(f"[4/4] {CARTPOLE} int8 seed 1: FAILED: error: actor crashed (")
+    assert outcome["failed"] == [
+        f"{CARTPOLE} int8 seed 1 (error: actor crashed; log {workdir}/cells/dmc_cartpole-balance/int8/seed1.log)"]
+    assert open(f"{workdir}/cells/dmc_cartpole-balance/int8/seed1.log").read().count("error: actor crashed") == 2
     text = open(outcome["paths"]["report.md"]).read()
     assert "| d4pg | dmc:cartpole-balance | int8 | int8 | 0 | 850.0 ± 0.0 | 849.0 ± 0.0 | 20.0 (1/1) |" in text
     assert "## Cells without results" in text
@@ -351,6 +358,21 @@ def test_study_runs_cells_reuses_finished_ones_and_survives_failures(tmp_path):
     summary = json.load(open(os.path.join(workdir, "summary.json")))
     assert [row["seeds"] for row in summary["summary"]] == [[0, 1], [0, 1]]
     assert sorted(os.listdir(killed)) == sorted([workdirs.MARKER_FILE, "notes.md", "results.json"])
+
+
+def test_cells_in_parallel_processes_give_every_result_and_the_report(tmp_path):
+    workdir = str(tmp_path / "study")
+    options = actorq_study.make_options(workdir, "d4pg", CARTPOLE, "fp32,int8", "0,1", target_return=800.0,
+                                        max_seconds=30.0, parallel=2)
+    runner = FakeRunner()
+    runner.fail_int8_seed1 = False
+    lines = []
+    outcome = actorq_study.run_study(options, runner=runner, log=lines.append)
+    assert outcome["failed"] == [] and len(lines) == 4 and os.path.isfile(outcome["paths"]["report.md"])
+    for cell in actorq_study.plan_cells(options):
+        result = json.load(open(os.path.join(workdir, cell.relative_dir, "results.json")))
+        assert (result["actor_precision"], result["seed"]) == (cell.precision, cell.seed)
+    assert json.load(open(os.path.join(workdir, "study.json")))["parallel"] == 2
 
 
 def test_run_subprocess_logs_output_and_returns_the_status(tmp_path):

@@ -125,6 +125,9 @@ class RayBackend:
         try:
             if self._started_local:
                 ray.init(
+                    # "local": a new Ray of our own even where `ray start` left a cluster (or its
+                    # address file) behind, which a bare `ray.init()` would try to join.
+                    address="local",
                     num_cpus=max(int(-(-(num_cpus or 0) // 1)), os.cpu_count() or 1),
                     include_dashboard=False,
                     runtime_env=runtime_env,

@@ -25,6 +25,8 @@ CASES = [
     _case("unknown-override", "nokey", _W, "--run_flag=--set=nokey=1"),
     _case("workdir-is-a-file", "exists and is not a directory", "--workdir={tmp}/afile", setup=a_file),
     _case("workdir-under-a-file", "which is not a directory", "--workdir={tmp}/afile/study", setup=a_file),
+    _case("no-parallel", "--parallel must be >= 1", _W, "--parallel=0"),
+    _case("ray-address-without-ray", "--ray_address needs --launcher=ray", _W, "--ray_address=127.0.0.1:1"),
     _case("unreachable-ray", "cannot reach a Ray cluster at 127.0.0.1:1", _W, "--launcher=ray",
           "--ray_address=127.0.0.1:1"),
     _case("bind-address-not-an-ip", "--ray_bind_address must be an IP address", _W, "--launcher=ray",
