@@ -145,10 +145,11 @@ def test_lowest_bits_keeps_every_wider_width_within_tolerance():
     assert lowest_bits_table([pair]).splitlines()[2].endswith("| **none** |")
 
 
-def test_study_cells_in_two_processes_give_the_sequential_returns(study, tmp_path):
+@pytest.mark.parametrize("where", ["--parallel=2", "--launcher=ray"])
+def test_study_cells_in_two_processes_or_ray_tasks_give_the_sequential_returns(study, tmp_path, where):
     workdir = str(tmp_path / "parallel")
     completed = run_module("launch.quarl_study", f"--workdir={workdir}", "--agents=dqn", "--envs=gym:CartPole-v1",
-                           "--parallel=2", *TINY)
+                           where, *TINY)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "seed 0 fp32: trained, evaluated" in completed.stdout and "seed 0 qat8: trained, evaluated" in completed.stdout
     with open(os.path.join(study, "results.json")) as one, open(os.path.join(workdir, "results.json")) as two:
