@@ -41,7 +41,8 @@ STUDY_FLAGS = ("agent", "env", "actor_precision", "comm_precision", "seed", "wor
 # launch.actorq flags a --run_flag may give that are not ActorQConfig fields.
 RUN_ONLY_FLAGS = ("set", "resume", "overwrite")
 
-# The study's --launcher values and the --launcher each cell's launch.actorq run gets.
+# The study's --launcher values (`launch.launcher.LAUNCHERS`) and the --launcher each cell's
+# launch.actorq run gets.
 NODE_LAUNCHERS = {"local": "inprocess", "ray": "ray"}
 
 Runner = Callable[[Sequence[str], str], int]
@@ -57,13 +58,13 @@ flags.DEFINE_float("max_seconds", None, "Wall-time budget per cell.")
 flags.DEFINE_integer("max_learner_steps", None, "Learner-step budget per cell.")
 flags.DEFINE_integer("max_actor_steps", None, "Actor-step budget per cell.")
 flags.DEFINE_multi_string("run_flag", [], "Extra launch.actorq flag for every cell (repeatable), e.g. --run_flag=--num_actors=2.")
-flags.DEFINE_enum("launcher", "local", list(NODE_LAUNCHERS),
-                  "Where each cell's learner and actors run: local (threads in the cell's process) or ray (a Ray "
-                  "process per node, on a local Ray on 127.0.0.1 or the cluster at --ray_address).")
-flags.DEFINE_integer("parallel", 1, "Cells run at once, each in its own process (1: one after another, as "
-                     "speedups are measured: each cell times itself).")
-flags.DEFINE_string("ray_address", None, "--launcher=ray: host:port of a running Ray cluster's GCS (default: each "
-                    "cell starts a local Ray).")
+launcher.define_flags({
+    "launcher": "Where each cell's learner and actors run: local (threads in the cell's process) or ray (a Ray "
+                "process per node, on a local Ray on 127.0.0.1 or the cluster at --ray_address).",
+    "parallel": "Cells run at once, each in its own process (1: one after another, as speedups are measured: each "
+                "cell times itself).",
+    "ray_address": "--launcher=ray: host:port of a running Ray cluster's GCS (default: each cell starts a local Ray).",
+})
 flags.DEFINE_string("ray_bind_address", None,
                     "Each cell's --ray_bind_address (default launch.actorq's, 127.0.0.1: this machine only).")
 

@@ -54,15 +54,22 @@ class LaunchOptions:
     retries: int = 1
 
 
-def define_flags() -> None:
-    """The launcher flags every study entry point takes."""
-    flags.DEFINE_enum("launcher", "local", LAUNCHERS, "Where cells run: local (in sequence, or --parallel "
-                      "processes) or ray (Ray tasks on a local Ray started for the study, or the cluster at "
-                      "--ray_address).")
-    flags.DEFINE_integer("parallel", 1, "--launcher=local: cells run in this many processes at once (1: in this "
-                         "process, one after another).")
-    flags.DEFINE_string("ray_address", None, "--launcher=ray: host:port of a running Ray cluster's GCS (or 'auto'); "
-                        "none starts a local Ray on 127.0.0.1.")
+FLAG_HELP = {
+    "launcher": "Where cells run: local (in sequence, or --parallel processes) or ray (Ray tasks on a local Ray "
+                "started for the study, or the cluster at --ray_address).",
+    "parallel": "--launcher=local: cells run in this many processes at once (1: in this process, one after another).",
+    "ray_address": "--launcher=ray: host:port of a running Ray cluster's GCS (or 'auto'); none starts a local Ray on "
+                   "127.0.0.1.",
+}
+
+
+def define_flags(help_text: Optional[dict] = None) -> None:
+    """The launcher flags every study entry point takes; `help_text` replaces `FLAG_HELP`'s entries
+    for a study whose cells use them differently."""
+    text = {**FLAG_HELP, **(help_text or {})}
+    flags.DEFINE_enum("launcher", "local", LAUNCHERS, text["launcher"])
+    flags.DEFINE_integer("parallel", 1, text["parallel"])
+    flags.DEFINE_string("ray_address", None, text["ray_address"])
 
 
 def options_from_flags() -> LaunchOptions:
