@@ -375,6 +375,18 @@ def test_cells_in_parallel_processes_give_every_result_and_the_report(tmp_path):
     assert json.load(open(os.path.join(workdir, "study.json")))["parallel"] == 2
 
 
+def test_ray_study_cells_put_their_nodes_on_the_given_cluster(tmp_path):
+    options = actorq_study.make_options(str(tmp_path / "study"), "d4pg", CARTPOLE, "fp32,int8", "0", max_seconds=30.0,
+                                        launcher="ray", ray_address="10.0.0.5:6379", ray_bind_address="10.0.0.7")
+    (fp32, int8) = actorq_study.plan_cells(options)
+    argv = actorq_study.cell_argv(int8, options)
+    assert "--launcher=ray" in argv and "--ray_address=10.0.0.5:6379" in argv and "--ray_bind_address=10.0.0.7" in argv
+    config = actorq_study.cell_config(fp32, options)
+    assert (config.launcher, config.ray_address, config.ray_bind_address) == ("ray", "10.0.0.5:6379", "10.0.0.7")
+    local = actorq_study.make_options(str(tmp_path / "local"), "d4pg", CARTPOLE, "fp32", "0", max_seconds=30.0)
+    assert "--launcher=inprocess" in actorq_study.cell_argv(actorq_study.plan_cells(local)[0], local)
+
+
 def test_run_subprocess_logs_output_and_returns_the_status(tmp_path):
     log_path = str(tmp_path / "cell.log")
     status = actorq_study.run_subprocess([sys.executable, "-c", "print('hello'); raise SystemExit(3)"], log_path)
