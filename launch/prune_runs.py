@@ -263,8 +263,10 @@ def _finish_cell(run: PruneRun, prepared: PreparedRun, masks: dict, state: Any, 
     for precision in sparse.PRECISIONS:
         blob = sparse.export_sparse(policy, policy_mask, "csr", precision)
         io.atomic_write_bytes(os.path.join(workdir, f"policy_csr_{precision}.msgpack"), sparse.to_bytes(blob))
+    # A cell's float sums depend on XLA:CPU's thread pool (one thread, as asked for before JAX
+    # starts, or one per core where JAX had started first): the record says which it ran on.
     results = {"config": run_config, **results, "masks": mask_summary(masks), "policy_networks": list(policy_networks),
-               "policy_memory": memory}
+               "policy_memory": memory, "xla_cpu_threads": 1 if runtime.single_threaded_xla() else "one per core"}
     io.atomic_write_json(os.path.join(workdir, RESULTS_FILE), results)
     final, score = results["final_eval"], results.get("normalized_score")
     best = min(memory[2:], key=lambda row: row["bytes"])

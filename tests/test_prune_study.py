@@ -419,5 +419,6 @@ def test_local_processes_and_ray_give_the_sequential_results_and_a_killed_worker
             theirs = json.loads((tmp_path / "one_by_one" / cell.relative_dir / "results.json").read_text())
             np.testing.assert_allclose(mine["final_eval"]["returns"], theirs["final_eval"]["returns"], rtol=1e-6)
             assert mine["masks"] == theirs["masks"]
+            assert mine["xla_cpu_threads"] == 1, "a fresh worker process sets its one-thread pool before JAX starts"
         assert (tmp_path / name / "summary.json").is_file()
 
