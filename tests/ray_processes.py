@@ -14,6 +14,8 @@ from typing import Iterator, Optional, Sequence
 
 import psutil
 
+from qrl.distributed.ray_launcher import LOOPBACK_NODE_ENV_VAR
+
 RUN_MARKER = "QRL_TEST_RAY_RUN"  # set in the driver's environment; every Ray process it starts inherits it
 
 
@@ -86,6 +88,9 @@ def loopback_cluster(run_id: str, repo: str, node_cpus: Sequence[int] = (2, 2),
     previous = open(address_file, encoding="utf-8").read() if os.path.exists(address_file) else None
     port = free_port()
     env = marked_env(run_id, repo, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    # A local RayBackend earlier in this process set Ray's loopback-only switch, under which
+    # `ray start --address` refuses to add a node: a cluster must not inherit it.
+    env.pop(LOOPBACK_NODE_ENV_VAR, None)
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     common = ["--node-ip-address=127.0.0.1", "--disable-usage-stats"]
     started: list[int] = []
