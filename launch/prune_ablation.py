@@ -9,7 +9,9 @@ single shot gets, for each task × algorithm × pruner × seed.
 Each arm is one `launch.prune_study` in `<workdir>/<arm>/` (resumable as a study): `score<B>x<N>`
 scores on N batches of B transitions in one shot; `rounds<k>` prunes in k rounds with the
 `--baseline` scoring data. The baseline arm (default `score256x1`, the study's default) also runs
-the dense cells. Then `ablation.md` and `ablation.json` (`pruning.ablation_report`): every arm's
+the dense cells. Arms run one after another; each arm's cells go through `launch.launcher`
+(`--launcher`, `--parallel`, `--ray_address`, as in `launch.prune_study`); Ctrl-C or SIGTERM
+stops with exit status 130 and a rerun resumes. Then `ablation.md` and `ablation.json` (`pruning.ablation_report`): every arm's
 score mean ± std, its paired difference to the single shot with a 95% bootstrap interval over
 seeds, and the overlap of its kept weights with the single shot's.
 """
@@ -20,7 +22,7 @@ from typing import Callable
 
 from absl import flags
 
-from launch import common, prune_study, studies
+from launch import common, launcher, prune_study, studies
 from pruning import ablation_report
 from qrl import io
 from qrl.errors import QrlInputError
@@ -47,6 +49,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("configs_per_program", 1, "Cells trained together as one vmapped program (1: cell by cell).")
     flags.DEFINE_multi_string("set", [], "Algorithm config override algo.key=value (repeatable).")
     flags.DEFINE_bool("progress", True, "Show each cell's progress bar.")
+    launcher.define_flags()
 
 
 def parse_scoring(text: str) -> list[tuple[int, int]]:
@@ -116,15 +119,17 @@ def ablation_cells(arm: str, options: prune_study.StudyOptions) -> list[dict]:
     return cells
 
 
-def run_ablation(arm_options: dict, progress: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Runs every arm's study (resuming), then writes `ablation.md` / `ablation.json` beside them."""
+def run_ablation(arm_options: dict, progress: bool = True, log: Callable[[str], None] = print,
+                 launch_options: launcher.LaunchOptions = launcher.LaunchOptions()) -> dict:
+    """Runs every arm's study (resuming; the arm's cells through `launch_options`), then writes
+    `ablation.md` / `ablation.json` beside them."""
     arms = list(arm_options)
     for arm in arms:  # every arm's datasets and algorithms checked before any cell runs
         prune_study.check_tasks(arm_options[arm], prune_study.plan_cells(arm_options[arm]))
     failed = []
     for arm in arms:
         log(f"arm {arm}")
-        outcome = prune_study.run_study(arm_options[arm], progress=progress, log=log)
+        outcome = prune_study.run_study(arm_options[arm], progress=progress, log=log, launch_options=launch_options)
         failed += [f"{arm}: {label}" for label in outcome["failed"]]
     cells = [cell for arm in arms for cell in ablation_cells(arm, arm_options[arm])]
     workdir = os.path.dirname(arm_options[arms[0]].workdir)
@@ -144,7 +149,9 @@ def run() -> None:
     options = make_arm_options(FLAGS.workdir, FLAGS.datasets, FLAGS.algos, FLAGS.pruners, FLAGS.sparsity, FLAGS.seeds,
                                FLAGS.steps, FLAGS.eval_every, FLAGS.eval_episodes, arms, FLAGS.set, FLAGS.vae,
                                FLAGS.configs_per_program)
-    studies.report_outcome(run_ablation(options, progress=FLAGS.progress), "pruning ablation")
+    launch_options = launcher.options_from_flags()
+    studies.run_and_report(lambda: run_ablation(options, progress=FLAGS.progress, launch_options=launch_options),
+                           "pruning ablation")
 
 
 if __name__ == "__main__":

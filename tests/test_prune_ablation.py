@@ -66,3 +66,24 @@ def test_tiny_ablation_runs_every_arm_and_reports(dataset_file, tmp_path):
     assert (tmp_path / "ablation" / "score16x1" / "cells" / "pendulum-swingup" / "bc" / "none" / "s0" / "seed0"
             / "results.json").is_file()
     assert not (tmp_path / "ablation" / "score64x1" / "cells" / "pendulum-swingup" / "bc" / "none").exists()
+
+
+def test_arms_through_local_processes_give_the_in_process_rows(dataset_file, tmp_path):
+    from launch import launcher
+
+    arms = prune_ablation.plan_arms("16x1", "2", "16x1")
+    settings = dict(sets=["bc.hidden_sizes=16-16", "bc.batch_size=16"])
+    rows = {}
+    for name, launch in (("in_process", launcher.LaunchOptions()), ("processes", launcher.make_options("local", 2))):
+        options = prune_ablation.make_arm_options(str(tmp_path / name), dataset_file, "bc", "snip", 0.9, "0,1", 20,
+                                                  0, 1, arms, **settings)
+        outcome = prune_ablation.run_ablation(options, progress=False, log=lambda line: None, launch_options=launch)
+        assert outcome["failed"] == []
+        rows[name] = json.loads((tmp_path / name / "ablation.json").read_text())["rows"]
+        assert (tmp_path / name / "rounds2" / "cells" / "pendulum-swingup" / "bc" / "snip" / "s0.9" / "seed1"
+                / "results.json").is_file()
+    assert [row["arm"] for row in rows["processes"]] == ["score16x1", "rounds2"]
+    for mine, theirs in zip(rows["processes"], rows["in_process"]):
+        assert mine["seeds"] == theirs["seeds"] == [0, 1]
+        assert mine["overlap_with_baseline"] == theirs["overlap_with_baseline"]
+        np.testing.assert_allclose(mine["score_mean"], theirs["score_mean"], rtol=1e-4)

@@ -27,4 +27,6 @@ CASES = [
           "--scoring=16x1,5000x1"),
     _case("sparsity-one", "--sparsity must be in (0, 1)", "--sparsity=1"),
     _case("vae-without-a-vae", "--vae applies to agents with a VAE", "--vae=dense"),
+    _case("no-parallel-workers", "--parallel must be >= 1", "--parallel=0"),
+    _case("ray-address-without-ray", "--ray_address needs --launcher=ray", "--ray_address=127.0.0.1:1"),
 ]
