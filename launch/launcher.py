@@ -19,6 +19,7 @@ import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
+import re
 import time
 import traceback
 import uuid
@@ -31,6 +32,7 @@ from qrl.errors import QrlInputError
 
 LAUNCHERS = ("local", "ray")
 POLL_SECONDS = 0.5
+CELL_FAILURE_PREFIX = re.compile(r"^(?:[\w.]+\.)?CellFailure: ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +104,12 @@ class CellFailure(Exception):
 def _reason(error: BaseException) -> str:
     text = " ".join(str(error).split())
     return text if isinstance(error, CellFailure) else f"{type(error).__name__}: {text}"
+
+
+def _ray_reason(reason: Optional[str]) -> Optional[str]:
+    """A Ray task's one-line reason as `_reason` words it: Ray names the raised type, qualified by
+    its module, and a `CellFailure` is reported as its own line."""
+    return CELL_FAILURE_PREFIX.sub("", reason) if reason else reason
 
 
 def _worker_loop(connection) -> None:
@@ -296,7 +304,8 @@ def _run_ray(tasks: Sequence[CellTask], options: LaunchOptions, workdir: str, lo
                 break
             for handle in backend.wait_any(list(running), timeout=POLL_SECONDS):
                 task, attempt, start = running.pop(handle)
-                tally.settle(task, attempt, start, *handle.outcome(), queue)
+                reason, status = handle.outcome()
+                tally.settle(task, attempt, start, _ray_reason(reason), status, queue)
         return tally.failed
     finally:
         for handle in running:

@@ -42,6 +42,12 @@ def flaky(directory: str, name: str) -> str:
     return write_value(directory, name, 7)
 
 
+def declined(directory: str, name: str) -> None:
+    """Fails with a reason of its own, as a subprocess cell does (its last log line)."""
+    count_attempt(directory, name)
+    raise launcher.CellFailure(f"{name}: the dataset has 10 transitions")
+
+
 def killed(directory: str, name: str) -> None:
     count_attempt(directory, name)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -50,7 +56,8 @@ def killed(directory: str, name: str) -> None:
 def _tasks(directory: str, with_kill: bool = True) -> list:
     tasks = [launcher.CellTask(f"cell {index}", write_value, (directory, f"cell{index}", index)) for index in range(4)]
     tasks += [launcher.CellTask("broken", broken, (directory, "broken")),
-              launcher.CellTask("flaky", flaky, (directory, "flaky"))]
+              launcher.CellTask("flaky", flaky, (directory, "flaky")),
+              launcher.CellTask("declined", declined, (directory, "declined"))]
     if with_kill:
         tasks.append(launcher.CellTask("killed", killed, (directory, "killed")))
     return tasks
@@ -58,13 +65,14 @@ def _tasks(directory: str, with_kill: bool = True) -> list:
 
 def _check_outcome(directory, failed, killed_reason):
     reasons = {task.label: reason for task, reason in failed}
-    assert set(reasons) == {"broken", "killed"}
+    assert set(reasons) == {"broken", "declined", "killed"}
     assert reasons["broken"] == "RuntimeError: broken broke"
+    assert reasons["declined"] == "declined: the dataset has 10 transitions"  # its own line, no type name
     assert killed_reason in reasons["killed"]
     for index in range(4):
         assert json.loads((directory / f"cell{index}.json").read_text()) == {"value": index}
     assert json.loads((directory / "flaky.json").read_text()) == {"value": 7}
-    for name in ("broken", "flaky", "killed"):
+    for name in ("broken", "declined", "flaky", "killed"):
         assert (directory / f"{name}.attempts").read_text() == "2"  # one retry each.
 
 
@@ -73,14 +81,15 @@ def test_local_processes_fail_only_the_broken_and_killed_cells(tmp_path):
     failed = launcher.run_tasks(_tasks(str(tmp_path)), launcher.make_options("local", parallel=2), str(tmp_path),
                                 log=lines.append)
     _check_outcome(tmp_path, failed, "its process exited with status -9")
-    assert sum(line.startswith("[") for line in lines) == 7 and any("cell 0: ran" in line for line in lines)
+    assert sum(line.startswith("[") for line in lines) == 8 and any("cell 0: ran" in line for line in lines)
 
 
 def test_in_process_cells_retry_once_and_bad_input_stops_the_study(tmp_path):
     lines = []
     failed = launcher.run_tasks(_tasks(str(tmp_path), with_kill=False), launcher.make_options(), str(tmp_path),
                                 log=lines.append)
-    assert [(task.label, reason) for task, reason in failed] == [("broken", "RuntimeError: broken broke")]
+    assert [(task.label, reason) for task, reason in failed] == [
+        ("broken", "RuntimeError: broken broke"), ("declined", "declined: the dataset has 10 transitions")]
     assert (tmp_path / "broken.attempts").read_text() == "2" and (tmp_path / "flaky.json").is_file()
     assert "flaky: RuntimeError: first attempt; retrying" in lines
 
