@@ -4,7 +4,8 @@ Each module's first test prints the wall time since the session started and the 
 average, so a slow CI log shows where the time went and whether something else was using the
 cores. When a module ends, processes it started that are still alive (a subprocess whose driver
 failed, say) are killed and named, so they cannot slow every later test. `run_id` marks a test's
-Ray processes (`tests.ray_processes`).
+Ray processes (`tests.ray_processes`); `swingup_dataset` is the pruning and study tests' small
+Pendulum dataset (`tests.offline_data`).
 """
 
 import os
@@ -14,6 +15,7 @@ import uuid
 import psutil
 import pytest
 
+from tests.offline_data import write_swingup_dataset
 from tests.ray_processes import kill_marked
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -63,3 +65,9 @@ def run_id():
     marker = uuid.uuid4().hex
     yield marker
     kill_marked(marker)
+
+
+@pytest.fixture(scope="session")
+def swingup_dataset(tmp_path_factory):
+    """1,000 noisy swing-up steps on Pendulum in D4RL format (`tests.offline_data`), made once."""
+    return write_swingup_dataset(tmp_path_factory.mktemp("data") / "pendulum-swingup.hdf5", 1000)

@@ -9,9 +9,6 @@ import pytest
 from launch import prune_ablation
 from pruning import ablation_report
 from qrl.errors import QrlInputError
-from tests import test_prune_study
-
-dataset_file = test_prune_study.dataset_file  # the module-scoped Pendulum dataset fixture
 
 
 def test_plan_arms_puts_the_baseline_first_and_adds_rounds_on_its_data():
@@ -47,10 +44,10 @@ def test_ablation_rows_pair_seeds_with_the_baseline_by_hand():
     assert "| t | bc | snip | base | 2 | 15.0 ± 5.0 | — | — | baseline |" in table
 
 
-def test_tiny_ablation_runs_every_arm_and_reports(dataset_file, tmp_path):
+def test_tiny_ablation_runs_every_arm_and_reports(swingup_dataset, tmp_path):
     arms = prune_ablation.plan_arms("16x1,64x1,16x4", "3", "16x1")
     options = prune_ablation.make_arm_options(
-        str(tmp_path / "ablation"), dataset_file, "bc", "snip,grasp", 0.9, "0,1", 20, 0, 1, arms,
+        str(tmp_path / "ablation"), swingup_dataset, "bc", "snip,grasp", 0.9, "0,1", 20, 0, 1, arms,
         sets=["bc.hidden_sizes=16-16", "bc.batch_size=16"], configs_per_program=8)
     outcome = prune_ablation.run_ablation(options, progress=False, log=lambda line: None)
     assert outcome["failed"] == []
@@ -68,14 +65,14 @@ def test_tiny_ablation_runs_every_arm_and_reports(dataset_file, tmp_path):
     assert not (tmp_path / "ablation" / "score64x1" / "cells" / "pendulum-swingup" / "bc" / "none").exists()
 
 
-def test_arms_through_local_processes_give_the_in_process_rows(dataset_file, tmp_path):
+def test_arms_through_local_processes_give_the_in_process_rows(swingup_dataset, tmp_path):
     from launch import launcher
 
     arms = prune_ablation.plan_arms("16x1", "2", "16x1")
     settings = dict(sets=["bc.hidden_sizes=16-16", "bc.batch_size=16"])
     rows = {}
     for name, launch in (("in_process", launcher.LaunchOptions()), ("processes", launcher.make_options("local", 2))):
-        options = prune_ablation.make_arm_options(str(tmp_path / name), dataset_file, "bc", "snip", 0.9, "0,1", 20,
+        options = prune_ablation.make_arm_options(str(tmp_path / name), swingup_dataset, "bc", "snip", 0.9, "0,1", 20,
                                                   0, 1, arms, **settings)
         outcome = prune_ablation.run_ablation(options, progress=False, log=lambda line: None, launch_options=launch)
         assert outcome["failed"] == []

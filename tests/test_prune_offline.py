@@ -14,10 +14,9 @@ import pytest
 from agents import bc
 from pruning import PruneSettings, kept_count, kept_fraction, prunable_count, prune_networks
 from qrl import offline
-from qrl.datasets import collect
-from qrl.datasets.writers import write_d4rl_hdf5
 from qrl.errors import QrlInputError
 from qrl.networks.continuous import bounds as action_bounds
+from tests.offline_data import write_swingup_dataset
 from tests.test_bc import ENV_ID, swing_up
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,12 +91,7 @@ def test_prune_settings_reject_bad_input():
 @pytest.fixture(scope="module")
 def dataset_file(tmp_path_factory):
     """2,000 noisy swing-up steps on Pendulum in D4RL format, with reference returns."""
-    act = lambda params, observations, normal: jnp.clip(swing_up(observations) + 0.5 * normal, -2.0, 2.0)
-    steps, stats = collect.collect_steps(ENV_ID, act, None, 2000, seed=0)
-    path = tmp_path_factory.mktemp("data") / "pendulum-swingup.hdf5"
-    write_d4rl_hdf5(path, steps, {"env_id": ENV_ID, "ref_min_score": -1400.0,
-                                  "ref_max_score": float(np.mean(stats["episode_returns"]))})
-    return str(path)
+    return write_swingup_dataset(tmp_path_factory.mktemp("data") / "pendulum-swingup.hdf5", 2000)
 
 
 def run_cli(*flags):

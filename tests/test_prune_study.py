@@ -10,32 +10,17 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from launch import prune_study
 from launch.prune_runs import run_prune_offline
 from pruning import study_report
-from qrl.datasets import collect
-from qrl.datasets.writers import write_d4rl_hdf5
 from qrl.errors import QrlInputError
-from tests.test_bc import ENV_ID, swing_up
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(algos="bc", pruners="snip,grasp", sparsities="0,0.9", seeds="0", steps=30, eval_every=0,
             eval_episodes=1, prune_batch_size=64, sets=["bc.hidden_sizes=32-32", "bc.batch_size=32"])
-
-
-@pytest.fixture(scope="module")
-def dataset_file(tmp_path_factory):
-    """1,000 noisy swing-up steps on Pendulum in D4RL format, with reference returns."""
-    act = lambda params, observations, normal: jnp.clip(swing_up(observations) + 0.5 * normal, -2.0, 2.0)
-    steps, stats = collect.collect_steps(ENV_ID, act, None, 1000, seed=0)
-    path = tmp_path_factory.mktemp("data") / "pendulum-swingup.hdf5"
-    write_d4rl_hdf5(path, steps, {"env_id": ENV_ID, "ref_min_score": -1400.0,
-                                  "ref_max_score": float(np.mean(stats["episode_returns"]))})
-    return str(path)
 
 
 class Counting:
@@ -51,9 +36,9 @@ class Counting:
         return run_prune_offline(run, workdir, **options)
 
 
-def test_tiny_study_runs_end_to_end_then_resumes(dataset_file, tmp_path):
+def test_tiny_study_runs_end_to_end_then_resumes(swingup_dataset, tmp_path):
     workdir = tmp_path / "study"
-    options = prune_study.make_options(str(workdir), dataset_file, **TINY)
+    options = prune_study.make_options(str(workdir), swingup_dataset, **TINY)
     runner, lines = Counting(), []
     outcome = prune_study.run_study(options, runner=runner, progress=False, log=lines.append)
     assert outcome["failed"] == [] and len(runner.dirs) == 3
@@ -152,9 +137,9 @@ class Slow(Counting):
         return super().__call__(run, workdir, **options)
 
 
-def test_stop_after_leaves_cells_for_a_rerun_and_report_only_rewrites_the_report(dataset_file, tmp_path):
+def test_stop_after_leaves_cells_for_a_rerun_and_report_only_rewrites_the_report(swingup_dataset, tmp_path):
     workdir = tmp_path / "study"
-    options = prune_study.make_options(str(workdir), dataset_file, **TINY)
+    options = prune_study.make_options(str(workdir), swingup_dataset, **TINY)
     slow, lines = Slow(1.0), []
     outcome = prune_study.run_study(options, runner=slow, progress=False, log=lines.append, stop_after_s=0.5)
     assert len(slow.dirs) == 1 and len(outcome["pending"]) == 2 and outcome["failed"] == []
@@ -253,13 +238,13 @@ def test_mask_overlap_table_identical_disjoint_and_partial():
     assert len(table) == 4
 
 
-def test_cells_trained_as_one_program_match_cell_by_cell_and_resume(dataset_file, tmp_path):
+def test_cells_trained_as_one_program_match_cell_by_cell_and_resume(swingup_dataset, tmp_path):
     from launch.prune_runs import read_masks, restore_offline_run, run_prune_offline_many
 
     plan = dict(TINY, seeds="0,1")
-    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), dataset_file, **plan)
+    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), swingup_dataset, **plan)
     assert prune_study.run_study(sequential, progress=False, log=lambda line: None)["failed"] == []
-    batched = prune_study.make_options(str(tmp_path / "programs"), dataset_file, **plan, configs_per_program=4)
+    batched = prune_study.make_options(str(tmp_path / "programs"), swingup_dataset, **plan, configs_per_program=4)
     programs, lines = [], []
 
     def counting(runs, dirs, **options):
@@ -399,14 +384,14 @@ class KillOne:
 
 
 def test_local_processes_and_ray_give_the_sequential_results_and_a_killed_worker_fails_only_its_cell(
-        dataset_file, tmp_path):
+        swingup_dataset, tmp_path):
     from launch import launcher
 
     plan = dict(TINY, seeds="0,1")
-    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), dataset_file, **plan)
+    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), swingup_dataset, **plan)
     assert prune_study.run_study(sequential, progress=False, log=lambda line: None)["failed"] == []
     for name, launch in (("processes", launcher.make_options("local", parallel=2)), ("ray", launcher.make_options("ray"))):
-        options = prune_study.make_options(str(tmp_path / name), dataset_file, **plan)
+        options = prune_study.make_options(str(tmp_path / name), swingup_dataset, **plan)
         outcome = prune_study.run_study(options, runner=KillOne("grasp", 1), progress=False, log=lambda line: None,
                                         launch_options=launch)
         assert len(outcome["failed"]) == 1 and outcome["failed"][0].startswith("pendulum-swingup bc grasp s0.9 seed 1 ("), (

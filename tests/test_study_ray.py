@@ -17,7 +17,7 @@ import pytest
 
 from launch import launcher, prune_study
 from tests.ray_processes import assert_no_orphans, loopback_cluster, marked_env, raylets, run_processes
-from tests.test_prune_study import TINY, KillOne, dataset_file  # noqa: F401 - dataset_file is a fixture
+from tests.test_prune_study import TINY, KillOne
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PLAN = dict(TINY, seeds="0,1")  # dense, SNIP 90% and GraSP 90% per seed: 6 cells
@@ -60,17 +60,17 @@ def _drive(address: str, env: dict, workdir, dataset: str, record_dir, kill: boo
 
 
 def test_two_node_cluster_gives_the_sequential_results_a_killed_worker_fails_its_cell_and_a_rerun_fills_it(
-        dataset_file, tmp_path, run_id):
-    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), dataset_file, **PLAN)
+        swingup_dataset, tmp_path, run_id):
+    sequential = prune_study.make_options(str(tmp_path / "one_by_one"), swingup_dataset, **PLAN)
     assert prune_study.run_study(sequential, progress=False, log=lambda line: None)["failed"] == []
     workdir, record_dir = tmp_path / "cluster", tmp_path / "nodes"
     record_dir.mkdir()
     with loopback_cluster(run_id, REPO, node_cpus=(1, 1)) as (address, env, _):
-        first = _drive(address, env, workdir, dataset_file, record_dir, kill=True)
+        first = _drive(address, env, workdir, swingup_dataset, record_dir, kill=True)
         killed = "pendulum-swingup bc grasp s0.9 seed 1"
         assert len(first["failed"]) == 1 and first["failed"][0].startswith(f"{killed} ("), first
         assert "its worker process died" in first["failed"][0] and first["pending"] == [killed]
-        rerun = _drive(address, env, workdir, dataset_file, record_dir, kill=False)
+        rerun = _drive(address, env, workdir, swingup_dataset, record_dir, kill=False)
         assert rerun == {"failed": [], "pending": []}
     assert_no_orphans(run_id)
     nodes = {name.split(".")[0] for name in os.listdir(record_dir)}
@@ -99,7 +99,7 @@ def _task_processes(run_id: str, label_part: str) -> list[psutil.Process]:
             and "ray::" in " ".join([process.info["name"] or ""] + (process.info["cmdline"] or []))]
 
 
-def test_ctrl_c_stops_a_study_on_its_own_ray_with_one_line_and_no_ray_process_left(dataset_file, tmp_path, run_id):
+def test_ctrl_c_stops_a_study_on_its_own_ray_with_one_line_and_no_ray_process_left(swingup_dataset, tmp_path, run_id):
     """With a cluster the user started (`ray start`) running beside it, the study starts a Ray of
     its own (a bare `ray.init()` would join the user's), and Ctrl-C stops only that one."""
     workdir, users = tmp_path / "study", uuid.uuid4().hex
@@ -108,7 +108,7 @@ def test_ctrl_c_stops_a_study_on_its_own_ray_with_one_line_and_no_ray_process_le
         # driver must start with the default disposition, as from a terminal, for Ctrl-C to reach it.
         process = subprocess.Popen(
             [sys.executable, "-m", "launch.prune_study", "--launcher=ray", f"--workdir={workdir}",
-             f"--datasets={dataset_file}", "--algos=bc", "--pruners=snip", "--sparsities=0,0.9", "--seeds=0,1,2",
+             f"--datasets={swingup_dataset}", "--algos=bc", "--pruners=snip", "--sparsities=0,0.9", "--seeds=0,1,2",
              "--steps=1000000", "--eval_every=0", "--eval_episodes=1", "--prune_batch_size=64",
              "--set=bc.hidden_sizes=32-32", "--set=bc.batch_size=32", "--noprogress"],
             cwd=REPO, env=marked_env(run_id, REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
