@@ -9,11 +9,13 @@ single shot gets, for each task × algorithm × pruner × seed.
 Each arm is one `launch.prune_study` in `<workdir>/<arm>/` (resumable as a study): `score<B>x<N>`
 scores on N batches of B transitions in one shot; `rounds<k>` prunes in k rounds with the
 `--baseline` scoring data. The baseline arm (default `score256x1`, the study's default) also runs
-the dense cells. Arms run one after another; each arm's cells go through `launch.launcher`
-(`--launcher`, `--parallel`, `--ray_address`, as in `launch.prune_study`); Ctrl-C or SIGTERM
-stops with exit status 130 and a rerun resumes. Then `ablation.md` and `ablation.json` (`pruning.ablation_report`): every arm's
+the dense cells. Then `ablation.md` and `ablation.json` (`pruning.ablation_report`): every arm's
 score mean ± std, its paired difference to the single shot with a 95% bootstrap interval over
 seeds, and the overlap of its kept weights with the single shot's.
+
+Arms run one after another; each arm's cells go through `launch.launcher` (`--launcher`,
+`--parallel`, `--ray_address`, as in `launch.prune_study`). Ctrl-C or SIGTERM stops with exit
+status 130; a rerun resumes.
 """
 
 import os

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from launch import prune_ablation
+from launch import launcher, prune_ablation
 from pruning import ablation_report
 from qrl.errors import QrlInputError
 
@@ -66,8 +66,6 @@ def test_tiny_ablation_runs_every_arm_and_reports(swingup_dataset, tmp_path):
 
 
 def test_arms_through_local_processes_give_the_in_process_rows(swingup_dataset, tmp_path):
-    from launch import launcher
-
     arms = prune_ablation.plan_arms("16x1", "2", "16x1")
     settings = dict(sets=["bc.hidden_sizes=16-16", "bc.batch_size=16"])
     rows = {}
